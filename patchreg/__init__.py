@@ -1,0 +1,55 @@
+"""patchreg: declarative, reversible, version-aware monkey patches."""
+
+from __future__ import annotations
+
+from patchreg._api import apply, patched, registry, revert
+from patchreg._predicates import Answer, Predicate, accepts, always, check, has, refresh, requires
+from patchreg._records import ABSENT, Backup, Installed, Patch, PatchSet, Report
+from patchreg._registry import Explanation, Patched, Registry
+from patchreg._targets import Selector
+from patchreg.exceptions import (
+    PatchConflictError,
+    PatchDefinitionError,
+    PatchError,
+    PatchOwnershipError,
+    PatchWarning,
+    PredicateError,
+    TargetNotFoundError,
+    UnpatchableTargetError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ABSENT",
+    "Answer",
+    "Backup",
+    "Explanation",
+    "Installed",
+    "Patch",
+    "PatchConflictError",
+    "PatchDefinitionError",
+    "PatchError",
+    "PatchOwnershipError",
+    "PatchSet",
+    "PatchWarning",
+    "Patched",
+    "Predicate",
+    "PredicateError",
+    "Registry",
+    "Report",
+    "Selector",
+    "TargetNotFoundError",
+    "UnpatchableTargetError",
+    "__version__",
+    "accepts",
+    "always",
+    "apply",
+    "check",
+    "has",
+    "patched",
+    "refresh",
+    "registry",
+    "requires",
+    "revert",
+]

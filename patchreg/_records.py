@@ -1,0 +1,290 @@
+"""The records of patchreg: Patch, PatchSet, Report, Installed, and a Patch's backup slot."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Literal
+
+import attrs
+
+from patchreg._predicates import Predicate, always
+from patchreg._targets import ImportPath, Selector, parse_target
+from patchreg.exceptions import PatchDefinitionError
+
+if TYPE_CHECKING:
+    from patchreg._registry import _Claim
+
+__all__ = ["ABSENT", "Backup", "Installed", "Patch", "PatchSet", "Report"]
+
+Kind = Literal["replace", "wrap"]
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*\Z")
+_DESCRIPTORS = (staticmethod, classmethod, property, functools.cached_property)
+
+
+class _Absent:
+    """Marks an attribute that was not in the namespace before a patch."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+    def __reduce__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT: Any = _Absent()
+
+
+class Backup:
+    """The originals a patch displaced, keyed weakly by the object patched.
+
+    Each holder has a stack (a patch applied by two registries on one holder stacks);
+    the entry disappears when the holder is garbage collected. Registries push and pop
+    under patchreg's lock; users may read it (``patch.backup.get(obj)``).
+    """
+
+    __slots__ = ("__weakref__", "_store")
+
+    def __init__(self) -> None:
+        self._store: dict[int, tuple[weakref.ref[Any], list[Any]]] = {}
+
+    def push(self, holder: Any, original: Any) -> None:
+        """Keep ``original`` as what ``holder`` had before the patch."""
+        key = id(holder)
+        entry = self._store.get(key)
+        if entry is None or entry[0]() is not holder:
+            ref = weakref.ref(holder, functools.partial(_forget, weakref.ref(self), key))
+            entry = self._store[key] = (ref, [])
+        entry[1].append(original)
+
+    def pop(self, holder: Any) -> Any:
+        """Take back the most recent original of ``holder``."""
+        key = id(holder)
+        ref, stack = self._store[key]
+        original = stack.pop()
+        if not stack:
+            del self._store[key]
+        return original
+
+    def get(self, holder: Any, default: Any = None) -> Any:
+        """The most recent original of ``holder`` (``ABSENT`` if it had none), or ``default``."""
+        entry = self._store.get(id(holder))
+        if entry is None or entry[0]() is not holder:
+            return default
+        return entry[1][-1]
+
+    def __contains__(self, holder: object) -> bool:
+        entry = self._store.get(id(holder))
+        return entry is not None and entry[0]() is holder
+
+    def __len__(self) -> int:
+        return sum(1 for ref, _ in self._store.values() if ref() is not None)
+
+    def __repr__(self) -> str:
+        return f"<Backup of {len(self)} object(s)>"
+
+
+def _forget(backup_ref: weakref.ref[Backup], key: int, dead: weakref.ref[Any]) -> None:
+    backup = backup_ref()
+    if backup is not None:
+        entry = backup._store.get(key)
+        if entry is not None and entry[0] is dead:
+            del backup._store[key]
+
+
+def _check_name(instance: Any, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, str) or not _NAME.match(value):
+        msg = (
+            f"Invalid {type(instance).__name__} {attribute.name} {value!r}: use a non-empty name of letters, "
+            "digits, '_', '.' or '-', starting with a letter or '_'."
+        )
+        raise PatchDefinitionError(msg)
+
+
+@attrs.frozen(eq=False, repr=False)
+class Patch:
+    """One declarative patch: what to put where, and when.
+
+    ``kind="replace"`` installs ``replacement`` in place of the attribute (bound to the
+    instance for selector targets on methods); ``kind="wrap"`` installs a
+    ``wrapt.FunctionWrapper`` calling ``replacement(wrapped, instance, args, kwargs)``.
+    Patches compare by identity: a patch is declared once, at module level.
+    """
+
+    name: str = attrs.field(validator=_check_name)
+    target: str | Selector
+    replacement: Callable[..., Any]
+    when: Predicate = always
+    kind: Kind = "replace"
+    doc: str = ""
+    backup: Backup = attrs.field(init=False, factory=Backup)
+    where: ImportPath | Selector = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "where", parse_target(self.target))
+        _validate(self)
+
+    @property
+    def is_global(self) -> bool:
+        """True for import-path targets (modules and classes), False for selectors."""
+        return isinstance(self.where, ImportPath)
+
+    @property
+    def description(self) -> str:
+        """The ``doc`` field, else the replacement's docstring's first line."""
+        text = self.doc or inspect.getdoc(self.replacement) or ""
+        return text.strip().splitlines()[0] if text.strip() else ""
+
+    def __repr__(self) -> str:
+        return f"Patch({self.name!r}, {str(self.where)!r}, kind={self.kind!r}, when={self.when.describe()})"
+
+
+def _validate(patch: Patch) -> None:
+    if patch.kind not in ("replace", "wrap"):
+        msg = f"Patch {patch.name!r}: unknown kind {patch.kind!r}; use 'replace' or 'wrap'."
+        raise PatchDefinitionError(msg, patch=patch, target=patch.target)
+    if not isinstance(patch.when, Predicate):
+        msg = (
+            f"Patch {patch.name!r}: when={patch.when!r} is not a predicate; "
+            "use requires(), accepts(), has(), check() or always."
+        )
+        raise PatchDefinitionError(msg, patch=patch, target=patch.target)
+    if not isinstance(patch.doc, str):
+        msg = f"Patch {patch.name!r}: doc must be a string, got {patch.doc!r}."
+        raise PatchDefinitionError(msg, patch=patch, target=patch.target)
+    if patch.kind == "wrap":
+        _validate_wrapper(patch)
+    elif not (callable(patch.replacement) or isinstance(patch.replacement, _DESCRIPTORS)):
+        msg = (
+            f"Patch {patch.name!r}: replacement {patch.replacement!r} is not callable; "
+            "give a function (or a staticmethod, classmethod or property)."
+        )
+        raise PatchDefinitionError(msg, patch=patch, target=patch.target)
+
+
+def _validate_wrapper(patch: Patch) -> None:
+    wrapper = patch.replacement
+    if not callable(wrapper):
+        msg = f"Patch {patch.name!r}: a wrap patch needs a callable wrapper(wrapped, instance, args, kwargs), got {wrapper!r}."
+        raise PatchDefinitionError(msg, patch=patch, target=patch.target)
+    try:
+        inspect.signature(wrapper).bind(None, None, (), {})
+    except TypeError:
+        msg = (
+            f"Patch {patch.name!r}: wrapper {getattr(wrapper, '__qualname__', wrapper)!r} must accept "
+            "(wrapped, instance, args, kwargs); for a plain replacement use kind='replace'."
+        )
+        raise PatchDefinitionError(msg, patch=patch, target=patch.target) from None
+    except ValueError:  # no signature (some builtins): trust the caller
+        pass
+
+
+def _to_patches(value: Iterable[Patch]) -> tuple[Patch, ...]:
+    if isinstance(value, (str, bytes, Patch)) or not isinstance(value, Iterable):
+        msg = f"PatchSet patches must be an iterable of Patch records, got {value!r}."
+        raise PatchDefinitionError(msg)
+    return tuple(value)
+
+
+@attrs.frozen(eq=False, repr=False)
+class PatchSet:
+    """An ordered, named collection of patches applied and reverted together."""
+
+    name: str = attrs.field(validator=_check_name)
+    patches: tuple[Patch, ...] = attrs.field(converter=_to_patches)
+    doc: str = ""
+
+    def __attrs_post_init__(self) -> None:
+        seen: set[str] = set()
+        for patch in self.patches:
+            if not isinstance(patch, Patch):
+                msg = f"PatchSet {self.name!r}: {patch!r} is not a Patch; build each entry with Patch(...)."
+                raise PatchDefinitionError(msg, patch=patch)
+            if patch.name in seen:
+                msg = f"PatchSet {self.name!r}: two patches are named {patch.name!r}; give each patch a unique name."
+                raise PatchDefinitionError(msg, patch=patch, target=patch.target)
+            seen.add(patch.name)
+
+    def __add__(self, other: PatchSet | Patch) -> PatchSet:
+        if isinstance(other, Patch):
+            return PatchSet(self.name, (*self.patches, other), self.doc)
+        if not isinstance(other, PatchSet):
+            return NotImplemented
+        return PatchSet(f"{self.name}+{other.name}", (*self.patches, *other.patches))
+
+    def without(self, *names: str) -> PatchSet:
+        """The same set less the named patches (unknown names are an error)."""
+        unknown = set(names) - {p.name for p in self.patches}
+        if unknown:
+            msg = f"PatchSet {self.name!r} has no patch named {sorted(unknown)!r}; it has {self.names!r}."
+            raise PatchDefinitionError(msg)
+        return PatchSet(self.name, (p for p in self.patches if p.name not in names), self.doc)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The patch names, in order."""
+        return tuple(p.name for p in self.patches)
+
+    def __iter__(self) -> Iterator[Patch]:
+        return iter(self.patches)
+
+    def __len__(self) -> int:
+        return len(self.patches)
+
+    def __getitem__(self, name: str) -> Patch:
+        for patch in self.patches:
+            if patch.name == name:
+                return patch
+        msg = f"PatchSet {self.name!r} has no patch named {name!r}; it has {self.names!r}."
+        raise KeyError(msg)
+
+    def __repr__(self) -> str:
+        return f"PatchSet({self.name!r}, {list(self.names)!r})"
+
+
+@attrs.frozen
+class Installed:
+    """A copy of one active install: which patch, on what, how many users, since when."""
+
+    patch: str
+    target: str
+    holder: str
+    attr: str
+    kind: str
+    count: int
+    since: float
+    state: str = "active"
+
+
+@attrs.frozen(repr=False)
+class Report:
+    """What one ``apply`` did: ``installed`` (new installs), ``skipped`` ``(name, reason)`` pairs."""
+
+    name: str
+    installed: int
+    skipped: tuple[tuple[str, str], ...]
+    claim: _Claim = attrs.field(eq=False)
+
+    @property
+    def entries(self) -> tuple[Installed, ...]:
+        """The installs this apply holds a reference on (new or shared)."""
+        return self.claim.entries()
+
+    @property
+    def held(self) -> int:
+        """How many installs this apply holds a reference on (new or shared)."""
+        return len(self.claim.layers)
+
+    def __repr__(self) -> str:
+        return f"<Report {self.name!r}: {self.installed} installed, {self.held} held, {len(self.skipped)} skipped>"
+
+    def __str__(self) -> str:
+        lines = [f"patch set {self.name!r}: {self.installed} newly installed, {self.held} held, {len(self.skipped)} skipped"]
+        lines += [f"  held     {e.patch:<24} {e.holder}.{e.attr} (count {e.count})" for e in self.entries]
+        lines += [f"  skipped  {name:<24} {reason}" for name, reason in self.skipped]
+        return "\n".join(lines)

@@ -1,0 +1,638 @@
+"""The Registry: installs patches, counts their users, restores the originals exactly.
+
+It is the only owner of patch state. Namespaces are written directly (``vars(instance)``)
+or through ``setattr``/``delattr`` (classes, modules); originals are read raw from
+``vars()`` along the MRO, never through ``getattr``, which would bind descriptors.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import threading
+import time
+import types
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+import attrs
+import wrapt
+
+from patchreg._format import table
+from patchreg._records import ABSENT, Installed, Patch, PatchSet, Report
+from patchreg._targets import Miss, Site
+from patchreg.exceptions import (
+    PatchConflictError,
+    PatchDefinitionError,
+    PatchOwnershipError,
+    TargetNotFoundError,
+    UnpatchableTargetError,
+)
+
+__all__ = ["Explanation", "Registry"]
+
+log = logging.getLogger("patchreg")
+
+#: One lock for every registry: they all write the same namespaces.
+_LOCK = threading.RLock()
+_IMMUTABLE_TYPE = 1 << 8  # Py_TPFLAGS_IMMUTABLETYPE
+
+F = TypeVar("F", bound=Callable[..., Any])
+Target = Patch | PatchSet | Iterable[Patch]
+
+
+class _Layer:
+    """One patch installed on one site, with its user count."""
+
+    __slots__ = ("check", "count", "patch", "since", "site")
+
+    def __init__(self, patch: Patch, site: _Site, installed: Any, since: float) -> None:
+        self.patch = patch
+        self.site = site
+        self.count = 1
+        self.since = since
+        self.check = _identity_check(installed, site)
+
+    def owns(self, current: Any) -> bool:
+        """True when ``current`` is the very object this layer installed."""
+        return self.check(current)
+
+
+def _identity_check(installed: Any, site: _Site) -> Callable[[Any], bool]:
+    """An ``is`` test for ``installed`` that holds no strong reference to the patched object."""
+    if site.kind != "instance":
+        return functools.partial(_is, installed)
+    if isinstance(installed, types.MethodType):
+        func, key = installed.__func__, id(installed)
+        return lambda current: id(current) == key and getattr(current, "__func__", None) is func
+    try:
+        ref = weakref.ref(installed)
+    except TypeError:
+        key = id(installed)
+        return lambda current: id(current) == key
+    return lambda current: ref() is current
+
+
+def _is(installed: Any, current: Any) -> bool:
+    return current is installed
+
+
+class _Site:
+    """One attribute on one holder, and the stack of our layers on it (bottom first)."""
+
+    __slots__ = ("attr", "key", "kind", "label", "layers", "ref")
+
+    def __init__(self, holder: Any, attr: str, kind: str, on_death: Callable[[Any], None]) -> None:
+        self.ref = weakref.ref(holder, on_death)
+        self.attr = attr
+        self.kind = kind
+        self.key = (id(holder), attr)
+        self.label = _label(holder)
+        self.layers: list[_Layer] = []
+
+    def namespace(self) -> dict[str, Any] | types.MappingProxyType[str, Any]:
+        holder = self.ref()
+        return vars(holder) if holder is not None else {}
+
+    def current(self) -> Any:
+        return self.namespace().get(self.attr, ABSENT)
+
+
+def _label(holder: Any) -> str:
+    if isinstance(holder, types.ModuleType):
+        return holder.__name__
+    if isinstance(holder, type):
+        return f"{holder.__module__}.{holder.__qualname__}"
+    return f"{type(holder).__name__}@{id(holder):#x}"
+
+
+def _kind_of(holder: Any) -> str:
+    if isinstance(holder, types.ModuleType):
+        return "module"
+    return "class" if isinstance(holder, type) else "instance"
+
+
+class _Claim:
+    """The layers one ``apply`` took a reference on; released once."""
+
+    __slots__ = ("layers", "owner", "released")
+
+    def __init__(self, owner: Registry) -> None:
+        self.owner = owner
+        self.layers: list[_Layer] = []
+        self.released = False
+
+    def entries(self) -> tuple[Installed, ...]:
+        return tuple(_installed(layer) for layer in self.layers)
+
+
+def _installed(layer: _Layer) -> Installed:
+    patch, site = layer.patch, layer.site
+    return Installed(
+        patch=patch.name,
+        target=str(patch.where),
+        holder=site.label,
+        attr=site.attr,
+        kind=patch.kind,
+        count=layer.count,
+        since=layer.since,
+    )
+
+
+@attrs.frozen
+class Explanation:
+    """What applying a patch set to an object would do now, one row per patch and holder."""
+
+    name: str
+    rows: tuple[tuple[str, str, str, str], ...]  # patch, holder, would, reason
+
+    def __str__(self) -> str:
+        return f"explain {self.name!r}:\n" + table(("patch", "holder", "would", "why"), self.rows)
+
+
+def _patches(target: object) -> tuple[str, tuple[Patch, ...]]:
+    if isinstance(target, Patch):
+        return target.name, (target,)
+    if isinstance(target, PatchSet):
+        return target.name, target.patches
+    if isinstance(target, (list, tuple)) and all(isinstance(p, Patch) for p in target):
+        return "patches", tuple(target)
+    msg = f"Expected a Patch or a PatchSet, got {target!r}; build one with Patch(...) or PatchSet(name, patches)."
+    raise PatchDefinitionError(msg)
+
+
+class Registry:
+    """Applies and reverts patches; reference-counted, exact, thread-safe.
+
+    ``apply`` installs what is not yet installed and counts a user for what is;
+    ``revert`` (or the end of a ``patched`` block) releases one user, and the last
+    user's release puts back exactly what was there.
+    """
+
+    def __init__(self, name: str = "default") -> None:
+        self.name = name
+        self._sites: dict[tuple[int, str], _Site] = {}
+        self._dead: list[Any] = []
+
+    # -- applying -------------------------------------------------------------------------
+
+    def apply(self, target: Target, obj: Any = None, *, strict: bool = False, warn: bool = False) -> Report:
+        """Install every patch of ``target`` whose predicate holds; return a :class:`Report`."""
+        name, patches = _patches(target)
+        plan, skipped = self._plan(patches, obj)
+        if skipped and (strict or warn):
+            self._report_skips(name, skipped, strict)
+        claim = _Claim(self)
+        with _LOCK:
+            self._purge()
+            installed = 0
+            try:
+                for patch, sites in plan:
+                    for site in sites:
+                        installed += self._take(patch, site, claim)
+            except BaseException:
+                self._release(claim)
+                raise
+        return Report(name, installed, tuple(skipped), claim)
+
+    def _plan(self, patches: tuple[Patch, ...], obj: Any) -> tuple[list[tuple[Patch, list[Site]]], list[tuple[str, str]]]:
+        """Evaluate predicates and resolve targets, outside the lock; changes nothing."""
+        plan, skipped = [], []
+        for patch in patches:
+            answer = patch.when.evaluate()
+            if not answer.ok:
+                skipped.append((patch.name, answer.reason))
+                continue
+            found = patch.where.resolve(obj)
+            if isinstance(found, Miss):
+                skipped.append((patch.name, found.reason))
+                continue
+            for site in found:
+                _check_patchable(patch, site)
+            plan.append((patch, found))
+        return plan, skipped
+
+    def _report_skips(self, name: str, skipped: list[tuple[str, str]], strict: bool) -> None:
+        for patch_name, reason in skipped:
+            log.warning("patchreg: %s.%s skipped: %s", name, patch_name, reason)
+        if strict:
+            lines = "; ".join(f"{n}: {r}" for n, r in skipped)
+            msg = f"Patch set {name!r} applied with strict=True, but {len(skipped)} patch(es) would be skipped: {lines}."
+            raise TargetNotFoundError(msg, target=name)
+
+    def _take(self, patch: Patch, found: Site, claim: _Claim) -> int:
+        """Count a user of ``patch`` on ``found``, installing it if it is the first; 1 if installed."""
+        holder, attr = found.holder, found.attr
+        site = self._sites.get((id(holder), attr))
+        if site is not None and site.ref() is not holder:
+            self._drop(site.key)
+            site = None
+        if site is not None:
+            for layer in site.layers:
+                if layer.patch is patch:
+                    layer.count += 1
+                    claim.layers.append(layer)
+                    return 0
+            _check_compatible(patch, site)
+        else:
+            site = _Site(holder, attr, _kind_of(holder), self._on_death())
+        self._install(patch, site, holder, claim)
+        return 1
+
+    def _install(self, patch: Patch, site: _Site, holder: Any, claim: _Claim) -> None:
+        original = site.current()
+        value = _build(patch, site, holder, original)
+        try:
+            _write(site, holder, value)
+        except (TypeError, AttributeError) as exc:
+            msg = f"Cannot set {site.label}.{site.attr} for patch {patch.name!r}: {exc}. Patch the code that uses it instead."
+            raise UnpatchableTargetError(msg, patch=patch, target=patch.target) from exc
+        patch.backup.push(holder, original)
+        layer = _Layer(patch, site, value, time.time())
+        site.layers.append(layer)
+        self._sites[site.key] = site
+        claim.layers.append(layer)
+        log.debug("patchreg: installed %s on %s.%s", patch.name, site.label, site.attr)
+
+    def _on_death(self) -> Callable[[Any], None]:
+        # Only records the death: the callback may run inside a locked section (gc), so the
+        # dead sites are dropped by the next _purge.
+        return self._dead.append
+
+    def _purge(self) -> None:
+        if self._dead:
+            self._dead.clear()
+            for key in [k for k, s in self._sites.items() if s.ref() is None]:
+                self._drop(key)
+
+    def _drop(self, key: tuple[int, str]) -> None:
+        site = self._sites.pop(key)
+        for layer in site.layers:
+            layer.count = 0
+
+    # -- reverting ------------------------------------------------------------------------
+
+    def revert(self, target: Target | Report, obj: Any = None) -> int:
+        """Release one user of each patch of ``target`` on ``obj``; return how many originals came back.
+
+        Given a :class:`Report`, releases exactly what that apply took (once).
+        """
+        if isinstance(target, Report):
+            if target.claim.owner is not self:
+                msg = f"Report {target!r} came from registry {target.claim.owner.name!r}; revert it there."
+                raise PatchDefinitionError(msg, target=target.name)
+            with _LOCK:
+                return self._release(target.claim)
+        _name, patches = _patches(target)
+        claim = _Claim(self)
+        with _LOCK:
+            self._purge()
+            for patch in patches:
+                self._claim_active(patch, obj, claim)
+            return self._release(claim)
+
+    def _claim_active(self, patch: Patch, obj: Any, claim: _Claim) -> None:
+        for site in self._sites_of(patch, obj):
+            for layer in site.layers:
+                if layer.patch is patch and layer.count > 0:
+                    claim.layers.append(layer)
+
+    def _sites_of(self, patch: Patch, obj: Any) -> Iterator[_Site]:
+        """Our sites that ``patch`` is on, restricted to ``obj`` for selector patches."""
+        if patch.is_global or obj is None:
+            yield from (s for s in list(self._sites.values()) if any(la.patch is patch for la in s.layers))
+            return
+        found = patch.where.resolve(obj)
+        if isinstance(found, Miss):
+            return
+        for hit in found:
+            site = self._sites.get((id(hit.holder), hit.attr))
+            if site is not None and site.ref() is hit.holder:
+                yield site
+
+    def _release(self, claim: _Claim) -> int:
+        """Drop one user per layer of ``claim`` (last taken first); all or nothing."""
+        if claim.released:
+            return 0
+        layers = [layer for layer in reversed(claim.layers) if layer.count > 0 and layer.site.ref() is not None]
+        _check_release(layers)
+        restored = 0
+        for layer in layers:
+            layer.count -= 1
+            if layer.count == 0:
+                self._uninstall(layer)
+                restored += 1
+        claim.released = True
+        return restored
+
+    def _uninstall(self, layer: _Layer) -> None:
+        site = layer.site
+        holder = site.ref()
+        original = layer.patch.backup.pop(holder)
+        if original is ABSENT:
+            _delete(site, holder)
+        else:
+            _write(site, holder, original)
+        site.layers.pop()
+        if not site.layers:
+            self._sites.pop(site.key, None)
+        log.debug("patchreg: restored %s.%s (%s)", site.label, site.attr, layer.patch.name)
+
+    def patched(self, target: Target, obj: Any = None, *, strict: bool = False) -> Patched:
+        """A context manager (and decorator) that applies on entry and reverts on exit."""
+        _patches(target)  # fail at the call site on a bad target
+        return Patched(self, target, obj, strict)
+
+    # -- introspection --------------------------------------------------------------------
+
+    def active(self) -> tuple[Installed, ...]:
+        """Copies of every active install, in install order per attribute."""
+        with _LOCK:
+            self._purge()
+            return tuple(_installed(la) for s in self._sites.values() if s.ref() is not None for la in s.layers)
+
+    def is_active(self, name: str, obj: Any = None) -> bool:
+        """True when a patch named ``name`` is installed (on ``obj``, or what ``obj`` contains)."""
+        with _LOCK:
+            self._purge()
+            patches = {la.patch for s in self._sites.values() for la in s.layers if la.patch.name == name}
+        for patch in patches:
+            if obj is None or patch.is_global:
+                return True
+            if any(la.patch is patch for s in self._sites_of(patch, obj) for la in s.layers):
+                return True
+        return False
+
+    def explain(self, target: Target, obj: Any = None) -> Explanation:
+        """What ``apply(target, obj)`` would do now, without doing it."""
+        name, patches = _patches(target)
+        rows = []
+        for patch in patches:
+            rows.extend(self._explain_one(patch, obj))
+        return Explanation(name, tuple(rows))
+
+    def _explain_one(self, patch: Patch, obj: Any) -> list[tuple[str, str, str, str]]:
+        answer = patch.when.evaluate()
+        if not answer.ok:
+            return [(patch.name, "-", "skip", answer.reason)]
+        try:
+            found = patch.where.resolve(obj)
+        except UnpatchableTargetError as exc:
+            return [(patch.name, "-", "error", str(exc))]
+        if isinstance(found, Miss):
+            return [(patch.name, "-", "skip", found.reason)]
+        return [(patch.name, _label(hit.holder) + "." + hit.attr, *self._would(patch, hit)) for hit in found]
+
+    def _would(self, patch: Patch, hit: Site) -> tuple[str, str]:
+        with _LOCK:
+            site = self._sites.get((id(hit.holder), hit.attr))
+            if site is not None and site.ref() is hit.holder:
+                for layer in site.layers:
+                    if layer.patch is patch:
+                        return "share", f"already installed (count {layer.count}); {answer_reason(patch)}"
+                try:
+                    _check_compatible(patch, site)
+                except PatchConflictError as exc:
+                    return "conflict", str(exc)
+        try:
+            _check_patchable(patch, hit)
+        except UnpatchableTargetError as exc:
+            return "error", str(exc)
+        return "install", answer_reason(patch)
+
+    def summary(self) -> str:
+        """A table of active installs: patch, target, holder, count, state, since."""
+        now = time.time()
+        rows = [
+            (e.patch, e.target, f"{e.holder}.{e.attr}", str(e.count), e.state, f"{now - e.since:.1f}s ago")
+            for e in self.active()
+        ]
+        if not rows:
+            return f"registry {self.name!r}: nothing active"
+        return f"registry {self.name!r}: {len(rows)} active install(s)\n" + table(
+            ("patch", "target", "holder", "count", "state", "since"), rows
+        )
+
+    def fingerprint(self) -> str:
+        """A stable digest of what is active: patch names, targets, kinds, holder types, predicates."""
+        items = sorted(
+            f"{e.patch}|{e.target}|{e.kind}|{e.holder.split('@')[0]}.{e.attr}|{e.state}" for e in self.active()
+        )
+        with _LOCK:
+            answers = sorted({f"{la.patch.name}:{answer_reason(la.patch)}" for s in self._sites.values() for la in s.layers})
+        digest = hashlib.sha256("\n".join(items + answers).encode()).hexdigest()
+        return digest[:16]
+
+    def __repr__(self) -> str:
+        with _LOCK:
+            sites = [s for s in self._sites.values() if s.ref() is not None]
+            n = sum(len(s.layers) for s in sites)
+        return f"<patchreg.Registry {self.name!r}: {n} active install(s) on {len(sites)} attribute(s)>"
+
+
+def answer_reason(patch: Patch) -> str:
+    """The reason of a patch's (cached) predicate answer."""
+    return patch.when.evaluate().reason
+
+
+class Patched:
+    """``with registry.patched(set, obj) as report:`` or ``@registry.patched(set)``."""
+
+    def __init__(self, registry: Registry, target: Target, obj: Any, strict: bool) -> None:
+        self.registry = registry
+        self.target = target
+        self.obj = obj
+        self.strict = strict
+        self._local = threading.local()
+
+    def __enter__(self) -> Report:
+        report = self.registry.apply(self.target, self.obj, strict=self.strict)
+        stack = self._local.__dict__.setdefault("stack", [])
+        stack.append(report)
+        return report
+
+    def __exit__(self, *exc: object) -> None:
+        report = self._local.stack.pop()
+        self.registry.revert(report)
+
+    def __call__(self, func: F) -> F:
+        @functools.wraps(func)
+        def patched_call(*args: Any, **kwargs: Any) -> Any:
+            with Patched(self.registry, self.target, self.obj, self.strict):
+                return func(*args, **kwargs)
+
+        return patched_call  # type: ignore[return-value]
+
+    def __repr__(self) -> str:
+        name = _patches(self.target)[0]
+        return f"<patched {name!r} via {self.registry.name!r}>"
+
+
+# -- checks and namespace writes ------------------------------------------------------------
+
+
+def _check_patchable(patch: Patch, site: Site) -> None:
+    """Refuse, before any change, what cannot be installed and restored exactly."""
+    holder, attr = site.holder, site.attr
+    if isinstance(holder, type) and holder.__flags__ & _IMMUTABLE_TYPE:
+        msg = (
+            f"Cannot patch {holder.__qualname__}.{attr} (target {str(patch.where)!r}): {holder.__qualname__} is an "
+            "immutable built-in type; patch the Python code that calls it, or a subclass."
+        )
+        raise UnpatchableTargetError(msg, patch=patch, target=patch.target)
+    if not isinstance(holder, (type, types.ModuleType)):
+        _check_instance_holder(patch, holder, attr)
+    if patch.kind == "wrap":
+        _check_wrappable(patch, holder, attr)
+
+
+def _check_instance_holder(patch: Patch, holder: Any, attr: str) -> None:
+    cls = type(holder)
+    if not isinstance(getattr(holder, "__dict__", None), dict):
+        msg = (
+            f"Cannot patch {attr!r} on a {cls.__qualname__} instance (target {str(patch.where)!r}): it has no "
+            "__dict__ (__slots__); patch the class with an import path instead."
+        )
+        raise UnpatchableTargetError(msg, patch=patch, target=patch.target)
+    try:
+        weakref.ref(holder)
+    except TypeError:
+        msg = (
+            f"Cannot patch {attr!r} on a {cls.__qualname__} instance (target {str(patch.where)!r}): it does not "
+            "support weak references, so patchreg could not let it be freed; add '__weakref__' to its __slots__."
+        )
+        raise UnpatchableTargetError(msg, patch=patch, target=patch.target) from None
+    raw = _class_raw(cls, attr)
+    if raw is not ABSENT and hasattr(type(raw), "__set__"):
+        msg = (
+            f"Cannot patch {attr!r} on a {cls.__qualname__} instance (target {str(patch.where)!r}): the class "
+            f"defines it as a data descriptor ({type(raw).__name__}), which an instance attribute cannot shadow; "
+            f"patch the class with '{cls.__module__}:{cls.__qualname__}.{attr}'."
+        )
+        raise UnpatchableTargetError(msg, patch=patch, target=patch.target)
+
+
+def _check_wrappable(patch: Patch, holder: Any, attr: str) -> None:
+    raw = _raw(holder, attr)
+    if isinstance(raw, (property, functools.cached_property)) or (raw is not ABSENT and not _callable_raw(raw)):
+        msg = (
+            f"Cannot wrap {_label(holder)}.{attr} (patch {patch.name!r}): it is a {type(raw).__name__}, not a "
+            "function; use kind='replace' with a replacement of the same kind."
+        )
+        raise UnpatchableTargetError(msg, patch=patch, target=patch.target)
+
+
+def _callable_raw(raw: Any) -> bool:
+    return callable(raw) or isinstance(raw, (staticmethod, classmethod))
+
+
+def _check_compatible(patch: Patch, site: _Site) -> None:
+    """Two replaces on one attribute conflict; a replace over wraps would discard them."""
+    if patch.kind == "wrap" or not site.layers:
+        return
+    other = site.layers[-1].patch
+    if other.kind == "replace":
+        what = f"also replaces {site.label}.{site.attr}"
+    else:
+        what = f"wraps {site.label}.{site.attr}, and a replace installed over it would discard that wrapper"
+    msg = (
+        f"Patch {patch.name!r} replaces {site.label}.{site.attr}, but patch {other.name!r} {what}; "
+        "revert one of them first, or make one a kind='wrap' patch (wraps stack)."
+    )
+    raise PatchConflictError(msg, patch=patch, target=patch.target)
+
+
+def _check_release(layers: list[_Layer]) -> None:
+    """Verify every uninstall in ``layers`` can happen, in order, before any of them does."""
+    counts: dict[int, int] = {}
+    tops: dict[tuple[int, str], list[_Layer]] = {}
+    for layer in layers:
+        counts[id(layer)] = counts.get(id(layer), layer.count) - 1
+        if counts[id(layer)] > 0:
+            continue
+        site = layer.site
+        stack = tops.get(site.key)
+        if stack is None:
+            stack = tops[site.key] = list(site.layers)
+            current = site.current()
+            if stack[-1] is layer and not layer.owns(current):
+                msg = (
+                    f"Cannot revert patch {layer.patch.name!r} on {site.label}.{site.attr}: the attribute now holds "
+                    f"{current!r}, not what patchreg installed (someone patched over it). Undo that patch first; "
+                    "nothing was changed."
+                )
+                raise PatchOwnershipError(msg, patch=layer.patch, target=layer.patch.target)
+        if stack[-1] is not layer:
+            msg = (
+                f"Cannot revert patch {layer.patch.name!r} on {site.label}.{site.attr} before patch "
+                f"{stack[-1].patch.name!r}, which was installed over it; revert in reverse order of applying "
+                "(exit the inner block first). Nothing was changed."
+            )
+            raise PatchOwnershipError(msg, patch=layer.patch, target=layer.patch.target)
+        stack.pop()
+
+
+def _raw(holder: Any, attr: str) -> Any:
+    """The attribute as stored: from ``vars`` along the MRO for classes, ``vars`` otherwise."""
+    if isinstance(holder, type):
+        return _class_raw(holder, attr)
+    if isinstance(holder, types.ModuleType):
+        return vars(holder).get(attr, ABSENT)
+    value = vars(holder).get(attr, ABSENT)
+    return value if value is not ABSENT else _class_raw(type(holder), attr)
+
+
+def _class_raw(cls: type, attr: str) -> Any:
+    for klass in cls.__mro__:
+        ns = vars(klass)
+        if attr in ns:
+            return ns[attr]
+    return ABSENT
+
+
+def _build(patch: Patch, site: _Site, holder: Any, original: Any) -> Any:
+    """The object to install: the replacement (bound or re-wrapped as needed) or a FunctionWrapper."""
+    if patch.kind == "wrap":
+        if site.kind == "instance":
+            return wrapt.FunctionWrapper(getattr(holder, site.attr), patch.replacement)
+        return wrapt.FunctionWrapper(_raw(holder, site.attr), patch.replacement)
+    value: Any = patch.replacement
+    if site.kind == "instance":
+        return _bind_like(value, holder, site.attr, original)
+    if site.kind == "class" and isinstance(value, types.FunctionType):
+        raw = _class_raw(holder, site.attr)
+        if isinstance(raw, (staticmethod, classmethod)):
+            return type(raw)(value)
+    return value
+
+
+def _bind_like(value: Any, holder: Any, attr: str, original: Any) -> Any:
+    """Bind ``value`` to ``holder`` the way the attribute it shadows is bound (method, static, class)."""
+    cls = type(holder)
+    if original is not ABSENT:  # something already in vars(instance): bind only if it is our method
+        bound = getattr(original, "__self__", None) is holder and callable(original)
+        return value.__get__(holder, cls) if bound and hasattr(value, "__get__") else value
+    raw = _class_raw(cls, attr)
+    if isinstance(raw, staticmethod):
+        return value.__get__(holder, cls) if isinstance(value, staticmethod) else value
+    if isinstance(raw, classmethod):
+        return types.MethodType(value, cls) if isinstance(value, types.FunctionType) else value.__get__(holder, cls)
+    if raw is not ABSENT and hasattr(type(raw), "__get__") and callable(raw) and hasattr(value, "__get__"):
+        return value.__get__(holder, cls)
+    return value
+
+
+def _write(site: _Site, holder: Any, value: Any) -> None:
+    if site.kind == "instance":
+        vars(holder)[site.attr] = value
+    else:
+        setattr(holder, site.attr, value)
+
+
+def _delete(site: _Site, holder: Any) -> None:
+    if site.kind == "instance":
+        del vars(holder)[site.attr]
+    else:
+        delattr(holder, site.attr)

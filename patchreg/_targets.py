@@ -1,0 +1,305 @@
+"""Where a patch goes: import paths (``"pkg.mod:Qual.attr"``) and selectors (``"mtp.layers[*].fwd"``).
+
+Parsing happens once, when a :class:`~patchreg.Patch` is declared; resolution happens at
+apply time and yields :class:`Site` records (a holder object and an attribute name).
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+import types
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import attrs
+
+from patchreg.exceptions import PatchDefinitionError, UnpatchableTargetError
+
+__all__ = ["ImportPath", "Selector", "Site", "parse_import_path", "parse_target"]
+
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+_DOTTED = re.compile(rf"{_IDENT}(?:\.{_IDENT})*\Z")
+_SEGMENT = re.compile(rf"({_IDENT})((?:\[(?:\*|-?[0-9]+)\])*)\Z")
+_INDEX = re.compile(r"\[(\*|-?[0-9]+)\]")
+
+#: Attributes walked through, outermost first, when a selector's first name is not on the object.
+DEFAULT_UNWRAP = ("module", "language_model")
+
+
+@attrs.frozen
+class Site:
+    """One attribute on one holder: where an install happens."""
+
+    holder: Any
+    attr: str
+
+
+@attrs.frozen
+class Miss:
+    """A target that resolved to nothing, with the reason."""
+
+    reason: str
+
+
+@attrs.frozen
+class ImportPath:
+    """``"pkg.mod:Qual.attr"``: a module or class attribute reached by import."""
+
+    module: str
+    parts: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return f"{self.module}:{'.'.join(self.parts)}"
+
+    def qualname(self, upto: str | None = None) -> str:
+        """The dotted name after the colon, optionally cut after the part ``upto``."""
+        if upto is None:
+            return ".".join(self.parts)
+        return ".".join(self.parts[: self.parts.index(upto) + 1])
+
+    def resolve(self, obj: Any = None) -> list[Site] | Miss:
+        """Import the module and walk to the holder; ``obj`` is ignored (import paths are global)."""
+        module = sys.modules.get(self.module)
+        if module is None:
+            try:
+                module = importlib.import_module(self.module)
+            except Exception as exc:  # an import of a library may raise anything
+                return Miss(f"cannot import {self.module}: {exc.__class__.__name__}: {exc}")
+        holder: Any = module
+        for part in self.parts[:-1]:
+            try:
+                holder = getattr(holder, part)
+            except AttributeError:
+                return Miss(f"{self.module} has no {self.qualname(upto=part)!r}")
+        if not isinstance(holder, (type, types.ModuleType)):
+            msg = (
+                f"Import path {str(self)!r} leads to {holder!r}, which is neither a module nor a class; "
+                "import paths patch modules and classes. To patch one object, pass it as obj= and use a selector."
+            )
+            raise UnpatchableTargetError(msg, target=str(self))
+        attr = self.parts[-1]
+        if not any(attr in ns for ns in _namespaces(holder)):
+            return Miss(f"{self} does not exist")
+        return [Site(holder, attr)]
+
+
+def _namespaces(holder: Any) -> list[Mapping[str, Any]]:
+    if isinstance(holder, type):
+        return [vars(k) for k in holder.__mro__]
+    return [vars(holder)]
+
+
+def parse_import_path(text: object, *, field: str = "target") -> ImportPath:
+    """Parse ``"pkg.mod:Qual.attr"``; raise :class:`PatchDefinitionError` naming ``field``."""
+    if isinstance(text, str) and text.count(":") == 1:
+        module, _, qual = text.partition(":")
+        if _DOTTED.match(module) and _DOTTED.match(qual):
+            return ImportPath(module, tuple(qual.split(".")))
+    msg = (
+        f"Malformed {field} {text!r}: an import path is 'package.module:Qualname.attr' "
+        "(dotted identifiers, one colon, at least one name after it)."
+    )
+    raise PatchDefinitionError(msg, target=text)
+
+
+@attrs.frozen
+class _Step:
+    name: str
+    indices: tuple[str, ...]  # "*" or an integer, as text
+
+
+@attrs.frozen
+class Selector:
+    """A path resolved against an object at apply time: ``"mtp.layers[*]._get_embeddings"``.
+
+    The first name is looked up on the object, then through ``unwrap`` attributes
+    (``.module`` chains, ``.language_model``) until found. ``[*]`` fans out over a
+    sequence, ``nn.ModuleList`` or mapping values; ``[n]`` picks one element. A list or
+    tuple passed as the object is treated as model chunks, each resolved on its own.
+    """
+
+    path: str
+    unwrap: tuple[str, ...] = DEFAULT_UNWRAP
+    _steps: tuple[_Step, ...] = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "_steps", _parse_steps(self.path))
+        if not all(isinstance(u, str) and u.isidentifier() for u in self.unwrap):
+            msg = f"Selector unwrap names must be identifiers, got {self.unwrap!r}."
+            raise PatchDefinitionError(msg, target=self.path)
+
+    def __str__(self) -> str:
+        return self.path
+
+    def resolve(self, obj: Any) -> list[Site] | Miss:
+        """Every (holder, attribute) the selector names on ``obj``; a Miss says why there is none."""
+        _check_instance(obj, self.path)
+        chunks = list(obj) if isinstance(obj, (list, tuple)) else [obj]
+        sites: list[Site] = []
+        reasons: list[str] = []
+        for chunk in chunks:
+            _check_instance(chunk, self.path)
+            found = self._resolve_one(chunk)
+            if isinstance(found, Miss):
+                reasons.append(found.reason)
+            else:
+                sites.extend(found)
+        if sites:
+            return sites
+        return Miss(reasons[0] if len(set(reasons)) == 1 else "; ".join(f"chunk {i}: {r}" for i, r in enumerate(reasons)))
+
+    def _resolve_one(self, obj: Any) -> list[Site] | Miss:
+        first = self._steps[0].name
+        start = _unwrap_to(obj, first, self.unwrap)
+        if start is None:
+            through = ", ".join(f".{u}" for u in self.unwrap)
+            return Miss(f"{type(obj).__name__} has no attribute {first!r} (looked through {through})")
+        holders: list[tuple[Any, str]] = [(start, "")]
+        for step in self._steps[:-1]:
+            holders, miss = _advance(holders, step)
+            if miss is not None:
+                return miss
+        last = self._steps[-1]
+        if last.indices:
+            msg = f"Selector {self.path!r} must end with an attribute name, not an index."
+            raise PatchDefinitionError(msg, target=self.path)
+        sites = []
+        for holder, where in holders:
+            _check_instance(holder, self.path)
+            if not _has_attr(holder, last.name):
+                return Miss(f"{where or type(holder).__name__} has no attribute {last.name!r}")
+            sites.append(Site(holder, last.name))
+        return sites
+
+
+def _parse_steps(path: object) -> tuple[_Step, ...]:
+    if not isinstance(path, str) or not path or ":" in path:
+        msg = f"Malformed selector {path!r}: write attribute names joined by dots, with [*] or [n] after a name."
+        raise PatchDefinitionError(msg, target=path)
+    steps = []
+    for segment in path.split("."):
+        match = _SEGMENT.match(segment)
+        if match is None:
+            msg = (
+                f"Malformed selector {path!r} at {segment!r}: each part is an identifier optionally "
+                "followed by [*] or [n], e.g. 'mtp.layers[*]._get_embeddings'."
+            )
+            raise PatchDefinitionError(msg, target=path)
+        steps.append(_Step(match.group(1), tuple(_INDEX.findall(match.group(2)))))
+    if steps[-1].indices:
+        msg = f"Malformed selector {path!r}: it must end with the attribute to patch, not an index."
+        raise PatchDefinitionError(msg, target=path)
+    return tuple(steps)
+
+
+def _has_attr(obj: Any, name: str) -> bool:
+    try:
+        getattr(obj, name)
+    except AttributeError:
+        return False
+    return True
+
+
+def _unwrap_to(obj: Any, name: str, unwrap: tuple[str, ...]) -> Any:
+    """The first object, walking ``unwrap`` attributes breadth first, that has ``name``."""
+    queue, seen = [obj], set()
+    while queue:
+        current = queue.pop(0)
+        if id(current) in seen or current is None:
+            continue
+        seen.add(id(current))
+        if _has_attr(current, name):
+            return current
+        for attr in unwrap:
+            inner = getattr(current, attr, None)
+            if _is_module_like(inner):
+                queue.append(inner)
+    return None
+
+
+def _is_module_like(obj: Any) -> bool:
+    """An object worth looking into: has a ``__dict__`` and is not a function, class or Python module."""
+    skip = (types.FunctionType, types.MethodType, types.ModuleType, type)
+    return obj is not None and hasattr(obj, "__dict__") and not isinstance(obj, skip)
+
+
+def _advance(holders: list[tuple[Any, str]], step: _Step) -> tuple[list[tuple[Any, str]], Miss | None]:
+    out: list[tuple[Any, str]] = []
+    for holder, where in holders:
+        here = f"{where}.{step.name}" if where else step.name
+        value = getattr(holder, step.name, None)
+        if value is None:
+            return [], Miss(f"{here} is missing or None")
+        items: list[tuple[Any, str]] = [(value, here)]
+        for index in step.indices:
+            items, miss = _index(items, index)
+            if miss is not None:
+                return [], miss
+        out.extend(items)
+    return out, None
+
+
+def _index(items: list[tuple[Any, str]], index: str) -> tuple[list[tuple[Any, str]], Miss | None]:
+    out: list[tuple[Any, str]] = []
+    for value, where in items:
+        elements = list(value.values()) if isinstance(value, Mapping) or _is_module_dict(value) else None
+        try:
+            if elements is None:
+                elements = list(_iterate(value))
+        except TypeError:
+            return [], Miss(f"{where} is not a sequence, so [{index}] cannot select from it")
+        if index == "*":
+            out.extend((e, f"{where}[{i}]") for i, e in enumerate(elements))
+            continue
+        i = int(index)
+        if not -len(elements) <= i < len(elements):
+            return [], Miss(f"{where}[{i}] is out of range ({len(elements)} elements)")
+        out.append((elements[i], f"{where}[{i}]"))
+    if not out:
+        return [], Miss(f"{items[0][1] if items else 'selection'} is empty")
+    return out, None
+
+
+def _is_module_dict(value: Any) -> bool:
+    return callable(getattr(value, "values", None)) and callable(getattr(value, "keys", None))
+
+
+def _iterate(value: Any) -> Iterable[Any]:
+    if isinstance(value, (str, bytes)):
+        raise TypeError("strings are not containers of targets")
+    return iter(value)
+
+
+def _check_instance(obj: Any, path: str) -> None:
+    if obj is None:
+        msg = f"Selector {path!r} needs an object to resolve against, got None; pass the model as obj=."
+        raise UnpatchableTargetError(msg, target=path)
+    if isinstance(obj, type):
+        msg = (
+            f"Selector {path!r} resolves against instances, got the class {obj.__qualname__!r}; "
+            f"to patch the class itself use an import path such as '{obj.__module__}:{obj.__qualname__}.attr'."
+        )
+        raise UnpatchableTargetError(msg, target=path)
+    if isinstance(obj, types.ModuleType):
+        msg = f"Selector {path!r} resolves against instances, got the module {obj.__name__!r}; use an import path."
+        raise UnpatchableTargetError(msg, target=path)
+
+
+def parse_target(target: object) -> ImportPath | Selector:
+    """Parse a Patch's ``target`` field: an import path (with a colon) or a selector."""
+    if isinstance(target, Selector):
+        return target
+    if isinstance(target, str) and ":" in target:
+        return parse_import_path(target)
+    if isinstance(target, str):
+        return Selector(target)
+    msg = f"A patch target must be a string or a Selector, got {target!r}; e.g. 'pkg.mod:Cls.attr' or 'mtp.layers[*].forward'."
+    raise PatchDefinitionError(msg, target=target)
+
+
+def iter_sites(found: list[Site] | Miss) -> Iterator[Site]:
+    """The sites of a resolution, none for a miss."""
+    if not isinstance(found, Miss):
+        yield from found
