@@ -340,6 +340,20 @@ class Registry:
             self._sites.pop(site.key, None)
         log.debug("patchreg: restored %s.%s (%s)", site.label, site.attr, layer.patch.name)
 
+    def revert_all(self) -> int:
+        """Restore every original this registry displaced (top layers first); return how many."""
+        restored = 0
+        with _LOCK:
+            self._purge()
+            for site in list(self._sites.values()):
+                while site.layers and site.ref() is not None:
+                    layer = site.layers[-1]
+                    _check_release([layer] * layer.count)
+                    layer.count = 0
+                    self._uninstall(layer)
+                    restored += 1
+        return restored
+
     def patched(self, target: Target, obj: Any = None, *, strict: bool = False) -> Patched:
         """A context manager (and decorator) that applies on entry and reverts on exit."""
         _patches(target)  # fail at the call site on a bad target
@@ -363,6 +377,9 @@ class Registry:
                 return True
             if any(la.patch is patch for s in self._sites_of(patch, obj) for la in s.layers):
                 return True
+            with _LOCK:  # obj may be the patched holder itself
+                if any(s.ref() is obj and la.patch is patch for s in self._sites.values() for la in s.layers):
+                    return True
         return False
 
     def explain(self, target: Target, obj: Any = None) -> Explanation:
@@ -601,10 +618,13 @@ def _build(patch: Patch, site: _Site, holder: Any, original: Any) -> Any:
     value: Any = patch.replacement
     if site.kind == "instance":
         return _bind_like(value, holder, site.attr, original)
-    if site.kind == "class" and isinstance(value, types.FunctionType):
+    if site.kind == "class":
         raw = _class_raw(holder, site.attr)
-        if isinstance(raw, (staticmethod, classmethod)):
+        if isinstance(value, types.FunctionType) and isinstance(raw, (staticmethod, classmethod)):
             return type(raw)(value)
+        set_name = getattr(type(value), "__set_name__", None)
+        if set_name is not None:  # as class creation would (cached_property needs it)
+            set_name(value, holder, site.attr)
     return value
 
 

@@ -1,0 +1,48 @@
+# patchreg: `make demo` and `make test` create the environment when it is missing.
+SHELL := /bin/bash
+PY312 ?= $(or $(shell ls -d /root/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | tail -n 1),$(shell command -v python3.12))
+VENV := .venv
+PY := $(VENV)/bin/python
+# The default lane: the real stack, pinned (vLLM pins torch 2.14.0).
+STACK := vllm==0.33.0 megatron-core==0.19.2
+EXTRAS := megatron,vllm,test,bench,lint
+STAMP := $(VENV)/.patchreg-installed
+export HF_HUB_OFFLINE := 1
+export VLLM_TARGET_DEVICE := cpu
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: env demo test test-slow test-matrix lint bench bench-quick clean
+
+env: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(PY) || { echo "creating $(VENV) with $(PY312)"; $(PY312) -m venv $(VENV); }
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(STACK) -e ".[$(EXTRAS)]"
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/ppo_step.py
+
+test: $(STAMP)
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -m slow $(PYTEST_ARGS)
+
+test-matrix: $(STAMP)
+	bash scripts/test-matrix.sh
+
+lint: $(STAMP)
+	$(PY) -m ruff check patchreg patches tests examples benchmarks
+	$(PY) -m ruff format --check patchreg
+	$(PY) -m mypy --strict patchreg
+
+bench: $(STAMP)
+	$(PY) -m benchmarks
+
+bench-quick: $(STAMP)
+	$(PY) -m benchmarks --quick
+
+clean:
+	rm -rf $(VENV) .venv-py311 .matrix .cache

@@ -1,0 +1,543 @@
+"""Registry: install, count, restore exactly, conflicts, ownership, rollback, introspection."""
+
+from __future__ import annotations
+
+import functools
+import gc
+import logging
+import threading
+import unittest.mock
+import weakref
+from typing import Any
+
+import pytest
+import wrapt
+
+from patchreg import (
+    ABSENT,
+    Patch,
+    PatchConflictError,
+    PatchOwnershipError,
+    PatchSet,
+    Registry,
+    TargetNotFoundError,
+    UnpatchableTargetError,
+    check,
+    requires,
+)
+from tests.patchreg import sample
+from tests.patchreg.helpers import assert_same_namespace, plain, snapshot, tagging_wrapper
+
+M = "tests.patchreg.sample"
+
+
+def test_module_function_restored_exactly(patch_registry: Registry, pristine: Any) -> None:
+    """A module function is replaced for the block and the module dict is identical afterwards."""
+    p = Patch("f", f"{M}:module_func", plain("patched"))
+    with patch_registry.patched(p) as report:
+        assert sample.module_func(1) == "patched"
+        assert report.installed == 1
+    assert sample.module_func(1) == 2
+    pristine()
+
+
+@pytest.mark.parametrize(
+    ("attr", "call"),
+    [
+        ("method", lambda: sample.Child().method()),
+        ("static", lambda: sample.Child.static(3)),
+        ("klass", lambda: sample.Child.klass()),
+    ],
+)
+def test_class_method_kinds_restored_as_raw_descriptor(
+    patch_registry: Registry, pristine: Any, attr: str, call: Any
+) -> None:
+    """Methods, staticmethods and classmethods are replaced and come back as the raw descriptor."""
+    raw = vars(sample.Child)[attr]
+    with patch_registry.patched(Patch("p", f"{M}:Child.{attr}", plain("patched"))):
+        assert call() == "patched"
+        assert type(vars(sample.Child)[attr]) is type(raw)
+    assert vars(sample.Child)[attr] is raw
+    pristine()
+
+
+def test_property_and_cached_property_restored(patch_registry: Registry, pristine: Any) -> None:
+    """property and functools.cached_property replaced by descriptors come back as the same objects."""
+    patches = PatchSet(
+        "props",
+        [
+            Patch("prop", f"{M}:Child.prop", property(lambda self: "new-prop")),
+            Patch("cached", f"{M}:Child.cached", functools.cached_property(lambda self: "new-cached")),
+        ],
+    )
+    with patch_registry.patched(patches):
+        child = sample.Child()
+        assert (child.prop, child.cached) == ("new-prop", "new-cached")
+    child = sample.Child()
+    assert (child.prop, child.cached) == ("prop", "cached")
+    pristine()
+
+
+def test_inherited_method_is_deleted_not_copied_down(patch_registry: Registry, pristine: Any) -> None:
+    """Patching an inherited method on the subclass removes the key from vars(subclass) on revert."""
+    assert "inherited" not in vars(sample.Child)
+    with patch_registry.patched(Patch("p", f"{M}:Child.inherited", plain("patched"))):
+        assert "inherited" in vars(sample.Child)
+        assert sample.Child().inherited() == "patched"
+        assert sample.Base().inherited() == "base"
+    assert "inherited" not in vars(sample.Child)
+    assert sample.Child.__dict__.get("inherited", ABSENT) is ABSENT
+    pristine()
+
+
+def test_nested_class_attribute(patch_registry: Registry, pristine: Any) -> None:
+    """An import path through a nested class patches the nested class."""
+    with patch_registry.patched(Patch("p", f"{M}:Child.Nested.deep", plain("patched"))):
+        assert sample.Child.Nested().deep() == "patched"
+    assert sample.Child.Nested().deep() == "deep"
+    pristine()
+
+
+def test_module_constant_replaced_by_callable_only(patch_registry: Registry, pristine: Any) -> None:
+    """A module attribute that did not exist before is removed again on revert."""
+    p = Patch("p", f"{M}:module_func", plain(1))
+    with patch_registry.patched(p):
+        pass
+    pristine()
+
+
+def test_instance_attribute_absent_before(patch_registry: Registry) -> None:
+    """A selector patch on an instance shadows the class method and leaves vars() as before."""
+    leaf = sample.Leaf()
+    before = snapshot(leaf)
+    seen = []
+
+    def forward(self: sample.Leaf, x: int) -> tuple[str, int]:
+        seen.append(self)
+        return ("patched", x)
+
+    with patch_registry.patched(Patch("fw", "forward", forward), leaf):
+        assert leaf.forward(1) == ("patched", 1)
+        assert sample.Leaf().forward(1) == ("leaf", 1)
+    assert seen == [leaf]
+    assert_same_namespace(before, leaf)
+
+
+def test_instance_attribute_present_before(patch_registry: Registry) -> None:
+    """An instance attribute present before comes back as the same object."""
+    leaf = sample.Leaf()
+    own = lambda x: ("own", x)  # noqa: E731
+    leaf.forward = own  # type: ignore[method-assign]
+    before = snapshot(leaf)
+    with patch_registry.patched(Patch("fw", "forward", plain("patched")), leaf):
+        assert leaf.forward(1) == "patched"
+    assert leaf.forward is own
+    assert_same_namespace(before, leaf)
+
+
+def test_staticmethod_and_classmethod_shadowed_on_instance(patch_registry: Registry) -> None:
+    """On an instance, a staticmethod stays unbound and a classmethod is bound to the class."""
+    child = sample.Child()
+    patches = PatchSet(
+        "s",
+        [Patch("st", "static", lambda x: ("static", x)), Patch("cm", "klass", lambda cls: ("klass", cls))],
+    )
+    with patch_registry.patched(patches, child):
+        assert child.static(2) == ("static", 2)
+        assert child.klass() == ("klass", sample.Child)
+    assert vars(child) == {}
+
+
+def test_idempotent_apply_counts(patch_registry: Registry) -> None:
+    """A second apply installs nothing and the original returns after the last revert."""
+    p = Patch("f", f"{M}:module_func", plain("patched"))
+    first = patch_registry.apply(p)
+    second = patch_registry.apply(p)
+    assert (first.installed, second.installed) == (1, 0)
+    assert patch_registry.active()[0].count == 2
+    assert patch_registry.revert(p) == 0
+    assert sample.module_func(1) == "patched"
+    assert patch_registry.revert(p) == 1
+    assert sample.module_func(1) == 2
+    assert patch_registry.revert(p) == 0
+
+
+def test_nested_and_repeated_blocks(patch_registry: Registry, pristine: Any) -> None:
+    """Nested with blocks on one patch keep it until the outer block ends."""
+    p = Patch("f", f"{M}:module_func", plain("patched"))
+    block = patch_registry.patched(p)
+    with block as outer:
+        with block as inner:
+            assert (outer.installed, inner.installed) == (1, 0)
+        assert sample.module_func(1) == "patched"
+    pristine()
+    with block:
+        assert sample.module_func(1) == "patched"
+    pristine()
+
+
+def test_exception_inside_block_restores(patch_registry: Registry, pristine: Any) -> None:
+    """An exception in the with body propagates and the originals are back."""
+    p = Patch("f", f"{M}:module_func", plain("patched"))
+    with pytest.raises(RuntimeError, match="boom"), patch_registry.patched(p):
+        raise RuntimeError("boom")
+    assert patch_registry.active() == ()
+    pristine()
+
+
+def test_decorator_form(patch_registry: Registry, pristine: Any) -> None:
+    """patched() used as a decorator applies around each call."""
+
+    @patch_registry.patched(Patch("f", f"{M}:module_func", plain("patched")))
+    def run() -> Any:
+        return sample.module_func(1)
+
+    assert run() == "patched"
+    assert run.__name__ == "run"
+    pristine()
+
+
+def test_partial_failure_rolls_back(patch_registry: Registry, pristine: Any) -> None:
+    """When the k-th install fails, the k-1 installed by the same call are reverted."""
+    good = Patch("good", f"{M}:module_func", plain("patched"))
+    bad = Patch("bad", "builtins:int.__add__", plain(0))
+    with pytest.raises(UnpatchableTargetError, match="immutable"):
+        patch_registry.apply(PatchSet("s", [good, bad]))
+    assert patch_registry.active() == ()
+    pristine()
+
+
+def test_failure_while_installing_rolls_back(patch_registry: Registry, pristine: Any) -> None:
+    """A conflict found at the second patch of a set leaves the first uninstalled again."""
+    holder = Patch("holder", f"{M}:Child.method", plain("first"))
+    with patch_registry.patched(holder):
+        setpatches = PatchSet("s", [Patch("a", f"{M}:module_func", plain(1)), Patch("b", f"{M}:Child.method", plain(2))])
+        with pytest.raises(PatchConflictError):
+            patch_registry.apply(setpatches)
+        assert sample.module_func(1) == 2
+        assert [e.patch for e in patch_registry.active()] == ["holder"]
+    pristine()
+
+
+def test_keyboard_interrupt_between_installs_rolls_back(patch_registry: Registry, pristine: Any) -> None:
+    """A KeyboardInterrupt raised while a set is being installed leaves nothing installed."""
+
+    class Exploding:
+        def __get__(self, obj: Any, cls: Any) -> Any:
+            raise KeyboardInterrupt
+
+        def __call__(self) -> None:
+            pass
+
+    leaf = sample.Leaf()
+    patches = PatchSet("s", [Patch("a", f"{M}:module_func", plain(1)), Patch("b", "forward", Exploding())])
+    with pytest.raises(KeyboardInterrupt):
+        patch_registry.apply(patches, leaf)
+    assert patch_registry.active() == ()
+    assert vars(leaf) == {"tag": "leaf"}
+    pristine()
+
+
+def test_two_replaces_conflict(patch_registry: Registry, pristine: Any) -> None:
+    """A second replace patch on the same attribute raises PatchConflictError naming both."""
+    a = Patch("alpha", f"{M}:Child.method", plain("a"))
+    b = Patch("beta", f"{M}:Child.method", plain("b"))
+    with patch_registry.patched(a), pytest.raises(PatchConflictError, match="'beta'.*'alpha'"):
+        patch_registry.apply(b)
+    pristine()
+
+
+def test_replace_over_wrap_conflicts(patch_registry: Registry, pristine: Any) -> None:
+    """A replace over an active wrap would discard the wrapper, so it conflicts."""
+    w = Patch("w", f"{M}:Child.method", tagging_wrapper("w"), kind="wrap")
+    r = Patch("r", f"{M}:Child.method", plain("r"))
+    with patch_registry.patched(w), pytest.raises(PatchConflictError, match="discard"):
+        patch_registry.apply(r)
+    pristine()
+
+
+def test_wraps_stack_and_unwind_lifo(patch_registry: Registry, pristine: Any) -> None:
+    """Wrap patches stack over a replace and unwind last-in first-out."""
+    r = Patch("r", f"{M}:Child.method", plain("r"))
+    w1 = Patch("w1", f"{M}:Child.method", tagging_wrapper("w1"), kind="wrap")
+    w2 = Patch("w2", f"{M}:Child.method", tagging_wrapper("w2"), kind="wrap")
+    with patch_registry.patched(r), patch_registry.patched(w1), patch_registry.patched(w2):
+        assert sample.Child().method() == ("w2", ("w1", "r"))
+        assert isinstance(vars(sample.Child)["method"], wrapt.FunctionWrapper)
+    pristine()
+
+
+def test_out_of_order_revert_refused(patch_registry: Registry, pristine: Any) -> None:
+    """Reverting a lower wrap before the one stacked on it raises and changes nothing."""
+    w1 = Patch("w1", f"{M}:Child.method", tagging_wrapper("w1"), kind="wrap")
+    w2 = Patch("w2", f"{M}:Child.method", tagging_wrapper("w2"), kind="wrap")
+    patch_registry.apply(w1)
+    patch_registry.apply(w2)
+    with pytest.raises(PatchOwnershipError, match="'w1'.*before patch 'w2'"):
+        patch_registry.revert(w1)
+    assert sample.Child().method() == ("w2", ("w1", "child-method"))
+    assert patch_registry.revert(w2) == 1
+    assert patch_registry.revert(w1) == 1
+    pristine()
+
+
+def test_wrap_on_instance_gets_instance(patch_registry: Registry) -> None:
+    """A wrap patch on an instance method receives the instance and the bound original."""
+    leaf = sample.Leaf("x")
+    seen = []
+
+    def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        seen.append(instance)
+        return ("w", wrapped(*args, **kwargs))
+
+    with patch_registry.patched(Patch("w", "forward", wrapper, kind="wrap"), leaf):
+        assert leaf.forward(3) == ("w", ("x", 3))
+    assert seen == [leaf]
+    assert vars(leaf) == {"tag": "x"}
+
+
+def test_ownership_error_when_patched_over(patch_registry: Registry, pristine: Any) -> None:
+    """A foreign patch over ours makes revert raise PatchOwnershipError; nothing is lost."""
+    p = Patch("f", f"{M}:Child.method", plain("ours"))
+    patch_registry.apply(p)
+    with unittest.mock.patch.object(sample.Child, "method", plain("mock")):
+        with pytest.raises(PatchOwnershipError, match="someone patched over it"):
+            patch_registry.revert(p)
+        assert sample.Child().method() == "mock"
+    assert sample.Child().method() == "ours"
+    assert patch_registry.revert(p) == 1
+    pristine()
+
+
+def test_ownership_on_instance_and_block_exit(patch_registry: Registry) -> None:
+    """A block whose attribute was overwritten raises at exit, and a later revert works."""
+    leaf = sample.Leaf()
+    p = Patch("fw", "forward", plain("ours"))
+    block = patch_registry.patched(p, leaf)
+    with pytest.raises(PatchOwnershipError):
+        with block:
+            saved = vars(leaf)["forward"]
+            leaf.forward = plain("foreign")  # type: ignore[method-assign]
+    assert leaf.forward(1) == "foreign"
+    vars(leaf)["forward"] = saved
+    assert patch_registry.revert(p, leaf) == 1
+    assert vars(leaf) == {"tag": "leaf"}
+
+
+def test_unpatchable_targets_refused_before_change(patch_registry: Registry, pristine: Any) -> None:
+    """Slots instances, data descriptors on instances and immutable types are refused up front."""
+    cases = [
+        (Patch("a", "method", plain(1)), sample.Slotted()),
+        (Patch("b", "prop", plain(1)), sample.Child()),
+        (Patch("c", "builtins:int.__add__", plain(1)), None),
+        (Patch("d", f"{M}:Child.prop", tagging_wrapper("w"), kind="wrap"), None),
+    ]
+    for patch, obj in cases:
+        with pytest.raises(UnpatchableTargetError) as info:
+            patch_registry.apply(PatchSet("s", [Patch("ok", f"{M}:module_func", plain(1)), patch]), obj)
+        assert patch.name in str(info.value) or str(patch.where) in str(info.value) or "Slotted" in str(info.value)
+    assert patch_registry.active() == ()
+    pristine()
+
+
+def test_selector_needs_an_instance(patch_registry: Registry) -> None:
+    """A selector applied to None, a class or a module raises with the remedy."""
+    p = Patch("fw", "forward", plain(1))
+    for obj, text in [(None, "got None"), (sample.Leaf, "import path"), (sample, "module")]:
+        with pytest.raises(UnpatchableTargetError, match=text):
+            patch_registry.apply(p, obj)
+
+
+def test_skips_and_strict(patch_registry: Registry) -> None:
+    """Misses and false predicates are skips with reasons; strict=True raises before installing."""
+    patches = PatchSet(
+        "s",
+        [
+            Patch("miss", "nothing_here", plain(1)),
+            Patch("old", f"{M}:module_func", plain(1), when=requires("attrs<1")),
+            Patch("gone", "no_such_module_xyz:f", plain(1)),
+            Patch("ok", "forward", plain(1)),
+        ],
+    )
+    leaf = sample.Leaf()
+    report = patch_registry.apply(patches, leaf)
+    reasons = dict(report.skipped)
+    assert "has no attribute 'nothing_here'" in reasons["miss"]
+    assert "does not satisfy <1" in reasons["old"]
+    assert "cannot import no_such_module_xyz" in reasons["gone"]
+    assert report.installed == 1
+    patch_registry.revert(report)
+    with pytest.raises(TargetNotFoundError, match="strict=True"):
+        patch_registry.apply(patches, leaf, strict=True)
+    assert patch_registry.active() == ()
+
+
+def test_warn_logs_skips(patch_registry: Registry, caplog: pytest.LogCaptureFixture) -> None:
+    """apply(warn=True) logs each skip as a warning on the patchreg logger."""
+    with caplog.at_level(logging.WARNING, logger="patchreg"):
+        patch_registry.apply(Patch("miss", "nothing_here", plain(1)), sample.Leaf(), warn=True)
+    assert "miss skipped" in caplog.text
+
+
+def test_revert_by_report_once(patch_registry: Registry) -> None:
+    """Reverting a Report releases exactly its references, and only once."""
+    p = Patch("f", f"{M}:module_func", plain("patched"))
+    r1 = patch_registry.apply(p)
+    r2 = patch_registry.apply(p)
+    assert patch_registry.revert(r1) == 0
+    assert patch_registry.revert(r1) == 0
+    assert sample.module_func(1) == "patched"
+    assert patch_registry.revert(r2) == 1
+
+
+def test_report_from_other_registry_refused(patch_registry: Registry) -> None:
+    """A Report can only be reverted by the registry that made it."""
+    report = patch_registry.apply(Patch("f", f"{M}:module_func", plain(1)))
+    with pytest.raises(Exception, match="revert it there"):
+        Registry("other").revert(report)
+    patch_registry.revert(report)
+
+
+def test_fan_out_over_chunks_and_wrappers(patch_registry: Registry) -> None:
+    """A selector reaches through .module and .language_model and over a list of chunks."""
+    trees = [sample.Tree(2), sample.Tree(3)]
+    model = [sample.Wrapper(sample.Wrapper(trees[0])), sample.VLM(trees[1])]
+    p = Patch("fw", "blocks[*].forward", plain("patched"))
+    with patch_registry.patched(p, model) as report:
+        assert report.installed == 5
+        assert all(b.forward(1) == "patched" for t in trees for b in t.blocks)
+        assert trees[0].head.forward(1) == ("head", 1)
+        assert patch_registry.is_active("fw", model)
+        assert patch_registry.is_active("fw", trees[1].blocks[2])
+        assert not patch_registry.is_active("fw", sample.Tree())
+    assert all(vars(b) == {"tag": b.tag} for t in trees for b in t.blocks)
+
+
+def test_two_objects_share_no_state(patch_registry: Registry) -> None:
+    """The same selector patch on two objects counts and restores each separately."""
+    a, b = sample.Leaf("a"), sample.Leaf("b")
+    p = Patch("fw", "forward", plain("patched"))
+    ra = patch_registry.apply(p, a)
+    with patch_registry.patched(p, b):
+        assert (a.forward(1), b.forward(1)) == ("patched", "patched")
+    assert (a.forward(1), b.forward(1)) == ("patched", ("b", 1))
+    patch_registry.revert(ra)
+    assert vars(a) == {"tag": "a"}
+
+
+def test_freed_by_refcount_after_revert(patch_registry: Registry) -> None:
+    """A patched and reverted object dies on del with gc disabled (no cycles left)."""
+    gc.disable()
+    try:
+        tree = sample.Tree()
+        with patch_registry.patched(PatchSet("s", [Patch("a", "blocks[*].forward", plain(1)), Patch("b", "forward", plain(2))]), tree) as report:
+            pass
+        ref = weakref.ref(tree)
+        del tree
+        assert ref() is None
+        assert report.installed == 3
+    finally:
+        gc.enable()
+
+
+def test_registry_does_not_keep_patched_object_alive(patch_registry: Registry) -> None:
+    """An object dropped while patched is collected and disappears from active()."""
+    leaf = sample.Leaf()
+    p = Patch("fw", "forward", plain(1))
+    patch_registry.apply(p, leaf)
+    assert len(patch_registry.active()) == 1
+    ref = weakref.ref(leaf)
+    del leaf
+    gc.collect()
+    assert ref() is None
+    assert patch_registry.active() == ()
+    assert len(p.backup) == 0
+
+
+def test_backup_slot_holds_original(patch_registry: Registry) -> None:
+    """The patch's backup slot holds the displaced original, keyed by the holder."""
+    p = Patch("f", f"{M}:Child.method", plain(1))
+    raw = vars(sample.Child)["method"]
+    with patch_registry.patched(p):
+        assert p.backup.get(sample.Child) is raw
+        assert sample.Child in p.backup
+    assert p.backup.get(sample.Child) is None
+    assert sample.Child not in p.backup
+
+
+def test_predicate_error_installs_nothing(patch_registry: Registry, pristine: Any) -> None:
+    """A predicate that raises surfaces as PredicateError and nothing is installed."""
+    from patchreg import PredicateError
+
+    def broken() -> bool:
+        raise ZeroDivisionError
+
+    patches = PatchSet("s", [Patch("a", f"{M}:module_func", plain(1)), Patch("b", f"{M}:Child.method", plain(1), when=check(broken, "broken"))])
+    with pytest.raises(PredicateError, match="broken"):
+        patch_registry.apply(patches)
+    assert patch_registry.active() == ()
+    pristine()
+
+
+def test_introspection(patch_registry: Registry) -> None:
+    """active(), is_active(), summary(), explain(), repr() and fingerprint() describe the state."""
+    leaf = sample.Leaf()
+    patches = PatchSet("s", [Patch("fw", "forward", plain(1)), Patch("f", f"{M}:module_func", plain(1)), Patch("miss", "nope", plain(1))])
+    assert "nothing active" in patch_registry.summary()
+    empty = patch_registry.fingerprint()
+    explained = str(patch_registry.explain(patches, leaf))
+    assert "install" in explained and "skip" in explained
+    with patch_registry.patched(patches, leaf):
+        assert {e.patch for e in patch_registry.active()} == {"fw", "f"}
+        assert patch_registry.is_active("fw", leaf) and patch_registry.is_active("f")
+        assert not patch_registry.is_active("fw", sample.Leaf())
+        text = patch_registry.summary()
+        assert "fw" in text and "Leaf@" in text and "count" in text
+        assert "share" in str(patch_registry.explain(patches, leaf))
+        assert "2 active install(s)" in repr(patch_registry)
+        assert "\n" not in repr(patch_registry)
+        assert patch_registry.fingerprint() != empty
+    assert patch_registry.fingerprint() == empty
+
+
+def test_explain_changes_nothing(patch_registry: Registry) -> None:
+    """explain() reports conflicts without installing anything."""
+    a = Patch("a", f"{M}:Child.method", plain(1))
+    b = Patch("b", f"{M}:Child.method", plain(2))
+    with patch_registry.patched(a):
+        assert "conflict" in str(patch_registry.explain(b))
+        assert len(patch_registry.active()) == 1
+
+
+def test_threads_never_see_patch_vanish(patch_registry: Registry, pristine: Any) -> None:
+    """8 threads x 1,000 enter/exit cycles on one class patch: always visible inside, pristine after."""
+    p = Patch("m", f"{M}:Child.method", plain("patched"))
+    errors: list[BaseException] = []
+    block = patch_registry.patched(p)
+
+    def worker() -> None:
+        try:
+            for _ in range(1000):
+                with block:
+                    assert sample.Child().method() == "patched"
+        except BaseException as exc:  # collected for the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []
+    assert patch_registry.active() == ()
+    pristine()
+
+
+def test_revert_all(patch_registry: Registry, pristine: Any) -> None:
+    """revert_all() restores everything regardless of counts."""
+    p = Patch("f", f"{M}:module_func", plain(1))
+    patch_registry.apply(p)
+    patch_registry.apply(p)
+    assert patch_registry.revert_all() == 1
+    pristine()
