@@ -65,7 +65,7 @@ class Backup:
     def pop(self, holder: Any) -> Any:
         """Take back the most recent original of ``holder``."""
         key = id(holder)
-        ref, stack = self._store[key]
+        _ref, stack = self._store[key]
         original = stack.pop()
         if not stack:
             del self._store[key]
@@ -284,7 +284,9 @@ class Report:
         return f"<Report {self.name!r}: {self.installed} installed, {self.held} held, {len(self.skipped)} skipped>"
 
     def __str__(self) -> str:
-        lines = [f"patch set {self.name!r}: {self.installed} newly installed, {self.held} held, {len(self.skipped)} skipped"]
+        lines = [
+            f"patch set {self.name!r}: {self.installed} newly installed, {self.held} held, {len(self.skipped)} skipped"
+        ]
         lines += [f"  held     {e.patch:<24} {e.holder}.{e.attr} (count {e.count})" for e in self.entries]
         lines += [f"  skipped  {name:<24} {reason}" for name, reason in self.skipped]
         return "\n".join(lines)

@@ -197,7 +197,9 @@ class Registry:
                 raise
         return Report(name, installed, tuple(skipped), claim)
 
-    def _plan(self, patches: tuple[Patch, ...], obj: Any) -> tuple[list[tuple[Patch, list[Site]]], list[tuple[str, str]]]:
+    def _plan(
+        self, patches: tuple[Patch, ...], obj: Any
+    ) -> tuple[list[tuple[Patch, list[Site]]], list[tuple[str, str]]]:
         """Evaluate predicates and resolve targets, outside the lock; changes nothing."""
         plan, skipped = [], []
         for patch in patches:
@@ -219,7 +221,9 @@ class Registry:
             log.warning("patchreg: %s.%s skipped: %s", name, patch_name, reason)
         if strict:
             lines = "; ".join(f"{n}: {r}" for n, r in skipped)
-            msg = f"Patch set {name!r} applied with strict=True, but {len(skipped)} patch(es) would be skipped: {lines}."
+            msg = (
+                f"Patch set {name!r} applied with strict=True, but {len(skipped)} patch(es) would be skipped: {lines}."
+            )
             raise TargetNotFoundError(msg, target=name)
 
     def _take(self, patch: Patch, found: Site, claim: _Claim) -> int:
@@ -438,7 +442,9 @@ class Registry:
             f"{e.patch}|{e.target}|{e.kind}|{e.holder.split('@')[0]}.{e.attr}|{e.state}" for e in self.active()
         )
         with _LOCK:
-            answers = sorted({f"{la.patch.name}:{answer_reason(la.patch)}" for s in self._sites.values() for la in s.layers})
+            answers = sorted(
+                {f"{la.patch.name}:{answer_reason(la.patch)}" for s in self._sites.values() for la in s.layers}
+            )
         digest = hashlib.sha256("\n".join(items + answers).encode()).hexdigest()
         return digest[:16]
 

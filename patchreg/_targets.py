@@ -148,7 +148,9 @@ class Selector:
                 sites.extend(found)
         if sites:
             return sites
-        return Miss(reasons[0] if len(set(reasons)) == 1 else "; ".join(f"chunk {i}: {r}" for i, r in enumerate(reasons)))
+        return Miss(
+            reasons[0] if len(set(reasons)) == 1 else "; ".join(f"chunk {i}: {r}" for i, r in enumerate(reasons))
+        )
 
     def _resolve_one(self, obj: Any) -> list[Site] | Miss:
         first = self._steps[0].name
@@ -269,7 +271,8 @@ def _is_module_dict(value: Any) -> bool:
 def _iterate(value: Any) -> Iterable[Any]:
     if isinstance(value, (str, bytes)):
         raise TypeError("strings are not containers of targets")
-    return iter(value)
+    items: Iterable[Any] = iter(value)
+    return items
 
 
 def _check_instance(obj: Any, path: str) -> None:

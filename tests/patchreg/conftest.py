@@ -26,4 +26,3 @@ def pristine(namespaces: list[Any]) -> Any:
             assert_same_namespace(snap, ns)
 
     return check
-

@@ -211,7 +211,9 @@ def test_failure_while_installing_rolls_back(patch_registry: Registry, pristine:
     """A conflict found at the second patch of a set leaves the first uninstalled again."""
     holder = Patch("holder", f"{M}:Child.method", plain("first"))
     with patch_registry.patched(holder):
-        setpatches = PatchSet("s", [Patch("a", f"{M}:module_func", plain(1)), Patch("b", f"{M}:Child.method", plain(2))])
+        setpatches = PatchSet(
+            "s", [Patch("a", f"{M}:module_func", plain(1)), Patch("b", f"{M}:Child.method", plain(2))]
+        )
         with pytest.raises(PatchConflictError):
             patch_registry.apply(setpatches)
         assert sample.module_func(1) == 2
@@ -242,7 +244,7 @@ def test_two_replaces_conflict(patch_registry: Registry, pristine: Any) -> None:
     """A second replace patch on the same attribute raises PatchConflictError naming both."""
     a = Patch("alpha", f"{M}:Child.method", plain("a"))
     b = Patch("beta", f"{M}:Child.method", plain("b"))
-    with patch_registry.patched(a), pytest.raises(PatchConflictError, match="'beta'.*'alpha'"):
+    with patch_registry.patched(a), pytest.raises(PatchConflictError, match=r"'beta'.*'alpha'"):
         patch_registry.apply(b)
     pristine()
 
@@ -273,7 +275,7 @@ def test_out_of_order_revert_refused(patch_registry: Registry, pristine: Any) ->
     w2 = Patch("w2", f"{M}:Child.method", tagging_wrapper("w2"), kind="wrap")
     patch_registry.apply(w1)
     patch_registry.apply(w2)
-    with pytest.raises(PatchOwnershipError, match="'w1'.*before patch 'w2'"):
+    with pytest.raises(PatchOwnershipError, match=r"'w1'.*before patch 'w2'"):
         patch_registry.revert(w1)
     assert sample.Child().method() == ("w2", ("w1", "child-method"))
     assert patch_registry.revert(w2) == 1
@@ -314,10 +316,9 @@ def test_ownership_on_instance_and_block_exit(patch_registry: Registry) -> None:
     leaf = sample.Leaf()
     p = Patch("fw", "forward", plain("ours"))
     block = patch_registry.patched(p, leaf)
-    with pytest.raises(PatchOwnershipError):
-        with block:
-            saved = vars(leaf)["forward"]
-            leaf.forward = plain("foreign")  # type: ignore[method-assign]
+    with pytest.raises(PatchOwnershipError), block:
+        saved = vars(leaf)["forward"]
+        leaf.forward = plain("foreign")  # type: ignore[method-assign]
     assert leaf.forward(1) == "foreign"
     vars(leaf)["forward"] = saved
     assert patch_registry.revert(p, leaf) == 1
@@ -430,7 +431,9 @@ def test_freed_by_refcount_after_revert(patch_registry: Registry) -> None:
     gc.disable()
     try:
         tree = sample.Tree()
-        with patch_registry.patched(PatchSet("s", [Patch("a", "blocks[*].forward", plain(1)), Patch("b", "forward", plain(2))]), tree) as report:
+        with patch_registry.patched(
+            PatchSet("s", [Patch("a", "blocks[*].forward", plain(1)), Patch("b", "forward", plain(2))]), tree
+        ) as report:
             pass
         ref = weakref.ref(tree)
         del tree
@@ -472,7 +475,13 @@ def test_predicate_error_installs_nothing(patch_registry: Registry, pristine: An
     def broken() -> bool:
         raise ZeroDivisionError
 
-    patches = PatchSet("s", [Patch("a", f"{M}:module_func", plain(1)), Patch("b", f"{M}:Child.method", plain(1), when=check(broken, "broken"))])
+    patches = PatchSet(
+        "s",
+        [
+            Patch("a", f"{M}:module_func", plain(1)),
+            Patch("b", f"{M}:Child.method", plain(1), when=check(broken, "broken")),
+        ],
+    )
     with pytest.raises(PredicateError, match="broken"):
         patch_registry.apply(patches)
     assert patch_registry.active() == ()
@@ -482,7 +491,10 @@ def test_predicate_error_installs_nothing(patch_registry: Registry, pristine: An
 def test_introspection(patch_registry: Registry) -> None:
     """active(), is_active(), summary(), explain(), repr() and fingerprint() describe the state."""
     leaf = sample.Leaf()
-    patches = PatchSet("s", [Patch("fw", "forward", plain(1)), Patch("f", f"{M}:module_func", plain(1)), Patch("miss", "nope", plain(1))])
+    patches = PatchSet(
+        "s",
+        [Patch("fw", "forward", plain(1)), Patch("f", f"{M}:module_func", plain(1)), Patch("miss", "nope", plain(1))],
+    )
     assert "nothing active" in patch_registry.summary()
     empty = patch_registry.fingerprint()
     explained = str(patch_registry.explain(patches, leaf))
