@@ -70,7 +70,9 @@ class Predicate:
         except PatchError:
             raise
         except Exception as exc:
-            msg = f"Predicate {self.describe()!r} raised {exc!r}; fix the predicate or guard it with check()."
+            msg = (
+                f"Predicate {self.describe()} raised {exc!r}; fix the predicate or make it return False with a reason."
+            )
             raise PredicateError(msg) from exc
         _CACHE[self] = answer
         return answer
@@ -222,7 +224,7 @@ def requires(requirement: str) -> Predicate:
         parsed = Requirement(requirement)
     except InvalidRequirement as exc:
         msg = (
-            f"Invalid version specifier {requirement!r} in requires(): {exc}. "
+            f"Invalid version specifier {requirement!r} in requires(): {str(exc).splitlines()[0]}. "
             "Write it as pip does, e.g. 'megatron-core>=0.14,<0.20'."
         )
         raise PatchDefinitionError(msg) from None

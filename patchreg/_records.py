@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 __all__ = ["ABSENT", "Backup", "Installed", "Patch", "PatchSet", "Report"]
 
 Kind = Literal["replace", "wrap"]
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*\Z")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.+\-]*\Z")
 _DESCRIPTORS = (staticmethod, classmethod, property, functools.cached_property)
 
 
@@ -101,7 +101,7 @@ def _check_name(instance: Any, attribute: attrs.Attribute[Any], value: object) -
     if not isinstance(value, str) or not _NAME.match(value):
         msg = (
             f"Invalid {type(instance).__name__} {attribute.name} {value!r}: use a non-empty name of letters, "
-            "digits, '_', '.' or '-', starting with a letter or '_'."
+            "digits, '_', '.', '+' or '-', starting with a letter or '_'."
         )
         raise PatchDefinitionError(msg)
 

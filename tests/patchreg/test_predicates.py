@@ -1,0 +1,195 @@
+"""Predicates: versions, signatures, attributes, composition, reasons and caching."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from patchreg import (
+    Answer,
+    PatchDefinitionError,
+    PredicateError,
+    accepts,
+    always,
+    check,
+    has,
+    refresh,
+    requires,
+)
+
+M = "tests.patchreg.sample"
+
+
+@pytest.fixture
+def fake_dists(tmp_path: Path) -> Iterator[Any]:
+    """Install fake distributions (dist-info folders) on a temporary sys.path entry."""
+
+    def make(name: str, version: str) -> None:
+        info = tmp_path / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        refresh()
+
+    sys.path.insert(0, str(tmp_path))
+    try:
+        yield make
+    finally:
+        sys.path.remove(str(tmp_path))
+        refresh()
+
+
+def test_requires_on_installed_distribution() -> None:
+    """requires() answers from the installed version and says which version it found."""
+    version = importlib.metadata.version("attrs")
+    ok = requires("attrs>=20").evaluate()
+    assert ok.ok and version in ok.reason
+    no = requires("attrs<1").evaluate()
+    assert not no.ok and f"attrs {version} does not satisfy <1" == no.reason
+
+
+def test_missing_distribution_is_false_with_reason() -> None:
+    """A distribution that is not installed gives False and 'X is not installed'."""
+    assert tuple(requires("no-such-dist-xyz>=1").evaluate()) == (False, "no-such-dist-xyz is not installed")
+
+
+@pytest.mark.parametrize(
+    ("installed", "spec", "expected"),
+    [
+        ("0.16.0rc0.dev123", ">=0.16,<0.17", True),
+        ("0.16.0rc0.dev123", "<0.16", False),
+        ("0.20.0rc1", "<0.20", False),
+        ("0.19.2+local.abc", ">=0.19,<0.20", True),
+        ("0.14.0", ">=0.14,<0.18", True),
+        ("0.13.1", ">=0.14", False),
+        ("0.16.0rc1", ">=0.16.0rc1", True),
+        ("0.16.0rc0", ">=0.16.0rc1", False),
+    ],
+)
+def test_pre_dev_and_local_releases(fake_dists: Any, installed: str, spec: str, expected: bool) -> None:
+    """Pre-, dev- and local releases are judged by their base release unless the spec names a pre-release."""
+    fake_dists("fake-mcore", installed)
+    answer = requires(f"fake-mcore{spec}").evaluate()
+    assert answer.ok is expected
+    assert installed in answer.reason
+
+
+def test_invalid_specifier_raises_definition_error() -> None:
+    """A malformed requirement raises PatchDefinitionError naming it and showing the right form."""
+    with pytest.raises(PatchDefinitionError, match=r"'megatron-core>>0\.14'.*'megatron-core>=0\.14,<0\.20'"):
+        requires("megatron-core>>0.14")
+    with pytest.raises(PatchDefinitionError, match="without extras"):
+        requires("vllm[cuda]>=0.29")
+    with pytest.raises(PatchDefinitionError, match="requirement string"):
+        requires(0.14)  # type: ignore[arg-type]
+
+
+def test_accepts_named_parameters() -> None:
+    """accepts() checks named parameters of a function, method, staticmethod and classmethod."""
+    assert accepts(f"{M}:module_func", "x").evaluate().ok
+    assert accepts(f"{M}:Child.static", "x").evaluate().ok
+    assert not accepts(f"{M}:Child.method", "x").evaluate().ok
+    answer = accepts(f"{M}:Child.klass", "padding_mask").evaluate()
+    assert not answer.ok and "does not accept padding_mask" in answer.reason
+
+
+def test_accepts_var_args_and_kwargs(tmp_path: Path) -> None:
+    """*args never names a parameter; **kwargs counts only with var_keyword=True."""
+    assert not accepts("tests.patchreg.test_predicates:_star", "padding_mask").evaluate().ok
+    answer = accepts("tests.patchreg.test_predicates:_star", "padding_mask", var_keyword=True).evaluate()
+    assert answer.ok and "**kwargs" in answer.reason
+    assert accepts("tests.patchreg.test_predicates:_star", "a", "b").evaluate().ok
+
+
+def _star(a: int, *args: Any, b: int = 0, **kwargs: Any) -> None:
+    """A signature with every kind of parameter."""
+
+
+def test_accepts_and_has_on_missing_things() -> None:
+    """Unimportable modules and missing attributes answer False with the reason."""
+    assert "cannot import no_such_mod_xyz" in accepts("no_such_mod_xyz:f", "a").evaluate().reason
+    assert "does not exist" in has(f"{M}:Child.nope").evaluate().reason
+    assert "has no 'Nope'" in has(f"{M}:Nope.attr").evaluate().reason
+    assert has(f"{M}:Child.Nested.deep").evaluate().ok
+    assert has(f"{M}:Child.inherited").evaluate().ok
+
+
+def test_bad_predicate_arguments() -> None:
+    """Malformed paths and parameter names are rejected when the predicate is built."""
+    with pytest.raises(PatchDefinitionError, match="import path"):
+        has("no colon here")
+    with pytest.raises(PatchDefinitionError, match="parameter names"):
+        accepts(f"{M}:module_func")
+    with pytest.raises(PatchDefinitionError, match="parameter names"):
+        accepts(f"{M}:module_func", "not an identifier")
+    with pytest.raises(PatchDefinitionError, match="callable"):
+        check(42, "x")  # type: ignore[arg-type]
+    with pytest.raises(PatchDefinitionError, match="description"):
+        check(lambda: True, "")
+
+
+def test_composition_and_reasons() -> None:
+    """&, | and ~ compose, and the reason names the deciding part."""
+    yes, no = requires("attrs>=1"), requires("attrs<1")
+    assert (yes & always).evaluate().ok
+    both = (yes & no).evaluate()
+    assert not both.ok and "does not satisfy <1" in both.reason
+    either = (no | yes).evaluate()
+    assert either.ok and "satisfies >=1" in either.reason
+    negated = (~no).evaluate()
+    assert negated.ok and negated.reason.startswith("not (")
+    assert str(yes & (no | ~yes)) == "requires('attrs>=1') & (requires('attrs<1') | ~requires('attrs>=1'))"
+
+
+def test_predicate_has_no_truth_value() -> None:
+    """Using `and`/`or`/`if` on a predicate is an error pointing at & | ~ and evaluate()."""
+    with pytest.raises(TypeError, match="evaluate"):
+        bool(requires("attrs>=1"))
+    with pytest.raises(PatchDefinitionError, match="Cannot combine"):
+        requires("attrs>=1") & True  # type: ignore[operator]
+
+
+def test_answers_unpack_and_are_cached() -> None:
+    """An Answer unpacks as (ok, reason); each predicate runs once until refresh()."""
+    calls = []
+
+    def probe() -> tuple[bool, str]:
+        calls.append(1)
+        return True, "probe ran"
+
+    pred = check(probe, "probe")
+    ok, reason = pred.evaluate()
+    assert (ok, reason) == (True, "probe ran")
+    assert pred.evaluate() is pred.evaluate()
+    assert len(calls) == 1
+    refresh()
+    pred.evaluate()
+    assert len(calls) == 2
+    assert Answer(False, "x").ok is False and not Answer(False, "x")
+
+
+def test_raising_predicate_becomes_predicate_error() -> None:
+    """A predicate that raises surfaces as PredicateError naming it."""
+
+    def broken() -> bool:
+        raise RuntimeError("no")
+
+    with pytest.raises(PredicateError, match=r"check\('broken probe'\) raised RuntimeError"):
+        check(broken, "broken probe").evaluate()
+
+
+def test_check_bool_result_reason() -> None:
+    """A check returning a bool gets a reason naming its description."""
+    assert check(lambda: False, "feature flag").evaluate().reason == "feature flag is false"
+
+
+def test_requires_sees_refreshed_installs(fake_dists: Any) -> None:
+    """After refresh(), a newly installed distribution is seen."""
+    pred = requires("late-dist>=1")
+    assert not pred.evaluate().ok
+    fake_dists("late-dist", "1.2")
+    assert pred.evaluate().ok

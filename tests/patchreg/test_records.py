@@ -1,0 +1,178 @@
+"""Records: Patch and PatchSet validation, composition, repr; target parsing and selectors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from patchreg import Patch, PatchDefinitionError, PatchSet, Selector, always, requires
+from patchreg._targets import ImportPath, Miss, parse_import_path
+from tests.patchreg import sample
+from tests.patchreg.helpers import plain, tagging_wrapper
+
+M = "tests.patchreg.sample"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"target": "pkg.mod:"}, "Malformed target 'pkg.mod:'"),
+        ({"target": ":attr"}, "Malformed target"),
+        ({"target": "a:b:c"}, "one colon"),
+        ({"target": "pkg-mod:f"}, "dotted identifiers"),
+        ({"target": "mtp.layers[x].f"}, "Malformed selector"),
+        ({"target": "mtp.layers[*]"}, "must end with the attribute"),
+        ({"target": "a..b"}, "Malformed selector"),
+        ({"target": 42}, "string or a Selector"),
+        ({"replacement": 42}, "not callable"),
+        ({"kind": "patch"}, "unknown kind 'patch'"),
+        ({"when": True}, "not a predicate"),
+        ({"name": ""}, "Invalid Patch name ''"),
+        ({"name": "has space"}, "Invalid Patch name"),
+        ({"kind": "wrap", "replacement": lambda x: x}, r"\(wrapped, instance, args, kwargs\)"),
+        ({"doc": 3}, "doc must be a string"),
+    ],
+)
+def test_patch_validation(kwargs: dict[str, Any], match: str) -> None:
+    """A malformed field raises PatchDefinitionError naming the field's value and the remedy."""
+    fields: dict[str, Any] = {"name": "p", "target": f"{M}:module_func", "replacement": plain(1)} | kwargs
+    with pytest.raises(PatchDefinitionError, match=match):
+        Patch(**fields)
+
+
+def test_patch_is_frozen_and_identity_compared() -> None:
+    """Patches are frozen, hashable by identity, and repr on one line."""
+    a = Patch("p", f"{M}:module_func", plain(1), when=requires("attrs>=1"))
+    b = Patch("p", f"{M}:module_func", a.replacement, when=a.when)
+    assert a != b and len({a, b}) == 2
+    with pytest.raises(AttributeError):
+        a.name = "q"  # type: ignore[misc]
+    assert repr(a) == "Patch('p', 'tests.patchreg.sample:module_func', kind='replace', when=requires('attrs>=1'))"
+    assert a.is_global and not Patch("s", "forward", plain(1)).is_global
+
+
+def test_patch_description_from_doc_or_docstring() -> None:
+    """description is the doc field, else the first line of the replacement's docstring."""
+
+    def replacement() -> None:
+        """Do the thing.
+
+        More text."""
+
+    assert Patch("p", f"{M}:module_func", replacement).description == "Do the thing."
+    assert Patch("p", f"{M}:module_func", replacement, doc="Own doc").description == "Own doc"
+
+
+def test_descriptor_replacements_allowed() -> None:
+    """staticmethod, classmethod and property objects are valid replacements."""
+    for value in (staticmethod(len), classmethod(lambda cls: cls), property(lambda self: 1)):
+        Patch("p", f"{M}:Child.prop", value)
+
+
+def test_patchset_rules() -> None:
+    """Duplicate names are rejected; + composes with the same rule; without() and lookup work."""
+    a = Patch("a", f"{M}:module_func", plain(1))
+    b = Patch("b", f"{M}:Child.method", plain(2))
+    w = Patch("w", f"{M}:Child.method", tagging_wrapper("w"), kind="wrap")
+    with pytest.raises(PatchDefinitionError, match="two patches are named 'a'"):
+        PatchSet("s", [a, Patch("a", f"{M}:Child.static", plain(1))])
+    s1, s2 = PatchSet("one", [a, b]), PatchSet("two", [w])
+    both = s1 + s2
+    assert both.name == "one+two" and both.names == ("a", "b", "w")
+    with pytest.raises(PatchDefinitionError, match="two patches are named"):
+        s1 + PatchSet("dup", [a])
+    assert (s1 + w).names == ("a", "b", "w")
+    assert s1.without("b").names == ("a",)
+    with pytest.raises(PatchDefinitionError, match="no patch named"):
+        s1.without("zzz")
+    assert s1["b"] is b and list(s1) == [a, b] and len(s1) == 2
+    with pytest.raises(KeyError):
+        s1["zzz"]
+    assert repr(both) == "PatchSet('one+two', ['a', 'b', 'w'])"
+
+
+def test_patchset_bad_members() -> None:
+    """A PatchSet of non-patches, or of a single Patch, is rejected with the remedy."""
+    with pytest.raises(PatchDefinitionError, match="not a Patch"):
+        PatchSet("s", ["a"])  # type: ignore[list-item]
+    with pytest.raises(PatchDefinitionError, match="iterable of Patch"):
+        PatchSet("s", Patch("a", f"{M}:module_func", plain(1)))  # type: ignore[arg-type]
+
+
+_ident = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}", fullmatch=True)
+
+
+@given(st.lists(_ident, min_size=1, max_size=4), st.lists(_ident, min_size=1, max_size=4))
+def test_import_path_round_trip(module: list[str], qual: list[str]) -> None:
+    """Every well-formed import path parses and prints back unchanged."""
+    text = f"{'.'.join(module)}:{'.'.join(qual)}"
+    parsed = parse_import_path(text)
+    assert parsed == ImportPath(".".join(module), tuple(qual))
+    assert str(parsed) == text
+
+
+@given(st.text(max_size=30))
+def test_import_path_parse_never_crashes(text: str) -> None:
+    """Any string either parses as an import path or raises PatchDefinitionError."""
+    try:
+        parsed = parse_import_path(text)
+    except PatchDefinitionError as exc:
+        assert repr(text) in str(exc)
+    else:
+        assert str(parsed) == text
+
+
+@given(st.lists(st.tuples(_ident, st.sampled_from(["", "[*]", "[0]", "[-1]", "[*][*]"])), min_size=1, max_size=4))
+def test_selector_parse_round_trip(parts: list[tuple[str, str]]) -> None:
+    """Well-formed selectors parse; an index on the last part is refused."""
+    text = ".".join(name + idx for name, idx in parts)
+    if parts[-1][1]:
+        with pytest.raises(PatchDefinitionError, match="must end with"):
+            Selector(text)
+    else:
+        assert str(Selector(text)) == text
+
+
+def test_selector_resolution_misses_and_indices() -> None:
+    """Selectors report misses with reasons and honour [n] and mapping values."""
+    tree = sample.Tree(3)
+    assert [s.holder.tag for s in Selector("blocks[-1].forward").resolve(tree)] == ["block2"]  # type: ignore[union-attr]
+    miss = Selector("blocks[5].forward").resolve(tree)
+    assert isinstance(miss, Miss) and "out of range" in miss.reason
+    miss = Selector("head[*].forward").resolve(tree)
+    assert isinstance(miss, Miss) and "not a sequence" in miss.reason
+    tree.blocks = {"x": sample.Leaf("x")}  # type: ignore[assignment]
+    assert [s.holder.tag for s in Selector("blocks[*].forward").resolve(tree)] == ["x"]  # type: ignore[union-attr]
+    tree.blocks = []
+    assert "empty" in Selector("blocks[*].forward").resolve(tree).reason  # type: ignore[union-attr]
+    tree.head = None  # type: ignore[assignment]
+    assert "missing or None" in Selector("head.forward").resolve(tree).reason  # type: ignore[union-attr]
+
+
+def test_selector_custom_unwrap() -> None:
+    """A Selector object can name its own wrapper attributes."""
+    leaf = sample.Leaf()
+
+    class Box:
+        def __init__(self) -> None:
+            self.inner = leaf
+
+    assert isinstance(Selector("forward").resolve(Box()), Miss)
+    found = Selector("forward", unwrap=("inner",)).resolve(Box())
+    assert [s.holder for s in found] == [leaf]  # type: ignore[union-attr]
+    with pytest.raises(PatchDefinitionError, match="identifiers"):
+        Selector("forward", unwrap=("not ok",))
+
+
+def test_chunk_reasons_combined() -> None:
+    """When no chunk matches, the miss names each chunk's reason."""
+    miss = Selector("blocks[*].forward").resolve([sample.Leaf(), sample.Tree(0)])
+    assert isinstance(miss, Miss) and "chunk 0" in miss.reason and "chunk 1" in miss.reason
+
+
+def test_always_repr() -> None:
+    """always prints as its name."""
+    assert repr(always) == "always" and always.evaluate().ok
