@@ -60,7 +60,8 @@ def build_mtp_speculative_config(
 
     ``engine_speculative_config`` holds the user's other vLLM speculative
     settings: a mapping, a JSON object string (parsed with :func:`json.loads`,
-    never evaluated) or None. Keys whose value is None are dropped. ``method``
+    never evaluated) or None. Keys whose value is None are dropped; ``-`` in a
+    key is read as ``_`` (as vLLM's ``EngineArgs`` does). ``method``
     and ``num_speculative_tokens`` take precedence: an override that repeats
     them must agree (``"deepseek_mtp"`` agrees with ``"mtp"``), else
     ``ValueError`` names both values. ``setting`` is the name used in error
@@ -154,7 +155,20 @@ def _load_overrides(value: object, setting: str) -> dict[str, Any]:
     if bad:
         msg = f"{setting} keys must be strings naming vLLM SpeculativeConfig fields, got {bad!r}."
         raise TypeError(msg)
-    return {k: v for k, v in value.items() if v is not None}
+    return _underscore_keys({k: v for k, v in value.items() if v is not None}, setting)
+
+
+def _underscore_keys(overrides: Mapping[str, Any], setting: str) -> dict[str, Any]:
+    """Spell keys as vLLM's ``EngineArgs`` does (``-`` read as ``_``); two spellings of one key clash."""
+    result: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for key, val in overrides.items():
+        name = key.replace("-", "_")
+        if name in result:
+            msg = f"{setting} sets {name!r} twice, as {spelled[name]!r} and {key!r}; vLLM would keep one silently."
+            raise ValueError(msg)
+        result[name], spelled[name] = val, key
+    return result
 
 
 def _parse_json(text: str, setting: str) -> Any:
