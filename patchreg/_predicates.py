@@ -15,6 +15,7 @@ from typing import Any
 
 import attrs
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from patchreg._targets import ImportPath, parse_import_path
@@ -26,6 +27,7 @@ __all__ = [
     "accepts",
     "always",
     "check",
+    "distributions",
     "has",
     "refresh",
     "requires",
@@ -232,6 +234,17 @@ def requires(requirement: str) -> Predicate:
         msg = f"requires({requirement!r}) takes a name and a version range only, without extras, URL or marker."
         raise PatchDefinitionError(msg)
     return _Requires(requirement, parsed)
+
+
+def distributions(pred: Predicate) -> frozenset[str]:
+    """The distribution names a predicate's ``requires()`` parts mention, normalized (for fingerprints, doctor)."""
+    if isinstance(pred, _Requires):
+        return frozenset({canonicalize_name(pred._parsed.name)})
+    if isinstance(pred, (_All, _Any)):
+        return frozenset().union(*(distributions(p) for p in pred.parts))
+    if isinstance(pred, _Not):
+        return distributions(pred.part)
+    return frozenset()
 
 
 def _resolve_raw(path: ImportPath) -> tuple[bool, Any, str]:

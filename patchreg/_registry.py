@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.metadata
 import logging
 import threading
 import time
@@ -21,6 +22,7 @@ import attrs
 import wrapt
 
 from patchreg._format import table
+from patchreg._predicates import distributions
 from patchreg._records import ABSENT, Installed, Patch, PatchSet, Report
 from patchreg._targets import Miss, Site
 from patchreg.exceptions import (
@@ -437,22 +439,35 @@ class Registry:
         )
 
     def fingerprint(self) -> str:
-        """A stable digest of what is active: patch names, targets, kinds, holder types, predicates."""
-        items = sorted(
-            f"{e.patch}|{e.target}|{e.kind}|{e.holder.split('@')[0]}.{e.attr}|{e.state}" for e in self.active()
-        )
+        """A stable digest of :meth:`fingerprint_lines`: equal in two processes with the same patches active."""
+        return hashlib.sha256("\n".join(self.fingerprint_lines()).encode()).hexdigest()[:16]
+
+    def fingerprint_lines(self) -> list[str]:
+        """What the fingerprint digests, sorted: installs (no ids or times), predicate answers, versions."""
+        installs = [
+            f"install {e.patch}|{e.target}|{e.kind}|{e.holder.split('@')[0]}.{e.attr}|{e.state}" for e in self.active()
+        ]
         with _LOCK:
-            answers = sorted(
-                {f"{la.patch.name}:{answer_reason(la.patch)}" for s in self._sites.values() for la in s.layers}
-            )
-        digest = hashlib.sha256("\n".join(items + answers).encode()).hexdigest()
-        return digest[:16]
+            patches = {la.patch for s in self._sites.values() if s.ref() is not None for la in s.layers}
+        facts: set[str] = set()
+        for patch in patches:
+            answer = patch.when.evaluate()
+            facts.add(f"answer {patch.name}|{patch.when.describe()}|{answer.ok}|{answer.reason}")
+            facts.update(f"version {name}=={_version(name)}" for name in distributions(patch.when))
+        return sorted(installs) + sorted(facts)
 
     def __repr__(self) -> str:
         with _LOCK:
             sites = [s for s in self._sites.values() if s.ref() is not None]
             n = sum(len(s.layers) for s in sites)
         return f"<patchreg.Registry {self.name!r}: {n} active install(s) on {len(sites)} attribute(s)>"
+
+
+def _version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
 
 
 def answer_reason(patch: Patch) -> str:
