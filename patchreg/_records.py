@@ -276,6 +276,11 @@ class Report:
         return self.claim.entries()
 
     @property
+    def pending(self) -> tuple[str, ...]:
+        """Names of lazy patches still waiting for their module to be imported."""
+        return tuple(p.patch.name for p in self.claim.pending if p.state == "pending")
+
+    @property
     def held(self) -> int:
         """How many installs this apply holds a reference on (new or shared)."""
         return len(self.claim.layers)
@@ -288,5 +293,6 @@ class Report:
             f"patch set {self.name!r}: {self.installed} newly installed, {self.held} held, {len(self.skipped)} skipped"
         ]
         lines += [f"  held     {e.patch:<24} {e.holder}.{e.attr} (count {e.count})" for e in self.entries]
+        lines += [f"  pending  {name:<24} installed when its module is imported" for name in self.pending]
         lines += [f"  skipped  {name:<24} {reason}" for name, reason in self.skipped]
         return "\n".join(lines)

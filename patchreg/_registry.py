@@ -11,6 +11,7 @@ import functools
 import hashlib
 import importlib.metadata
 import logging
+import sys
 import threading
 import time
 import types
@@ -117,17 +118,36 @@ def _kind_of(holder: Any) -> str:
 
 
 class _Claim:
-    """The layers one ``apply`` took a reference on; released once."""
+    """The layers one ``apply`` took a reference on (and its lazy patches); released once."""
 
-    __slots__ = ("layers", "owner", "released")
+    __slots__ = ("layers", "owner", "pending", "released")
 
     def __init__(self, owner: Registry) -> None:
         self.owner = owner
         self.layers: list[_Layer] = []
+        self.pending: list[_Pending] = []
         self.released = False
 
     def entries(self) -> tuple[Installed, ...]:
         return tuple(_installed(layer) for layer in self.layers)
+
+
+class _Pending:
+    """A lazy patch waiting for its module to be imported."""
+
+    __slots__ = ("claim", "module", "patch", "since", "state")
+
+    def __init__(self, patch: Patch, claim: _Claim) -> None:
+        self.patch = patch
+        self.claim = claim
+        self.module: str = patch.where.module  # type: ignore[union-attr]
+        self.since = time.time()
+        self.state = "pending"
+
+    def entry(self) -> Installed:
+        patch = self.patch
+        holder, _, attr = str(patch.where).rpartition(".")
+        return Installed(patch.name, str(patch.where), holder, attr, patch.kind, 0, self.since, "pending")
 
 
 def _installed(layer: _Layer) -> Installed:
@@ -177,27 +197,70 @@ class Registry:
         self.name = name
         self._sites: dict[tuple[int, str], _Site] = {}
         self._dead: list[Any] = []
+        self._pending: list[_Pending] = []
 
     # -- applying -------------------------------------------------------------------------
 
-    def apply(self, target: Target, obj: Any = None, *, strict: bool = False, warn: bool = False) -> Report:
-        """Install every patch of ``target`` whose predicate holds; return a :class:`Report`."""
+    def apply(
+        self, target: Target, obj: Any = None, *, strict: bool = False, warn: bool = False, lazy: bool = False
+    ) -> Report:
+        """Install every patch of ``target`` whose predicate holds; return a :class:`Report`.
+
+        With ``lazy=True``, an import-path patch whose module is not imported yet is installed
+        by a post-import hook when it is (its predicate evaluated then); reverting first cancels it.
+        """
         name, patches = _patches(target)
-        plan, skipped = self._plan(patches, obj)
+        waiting = [p for p in patches if lazy and p.is_global and p.where.module not in sys.modules]  # type: ignore[union-attr]
+        plan, skipped = self._plan(tuple(p for p in patches if p not in waiting), obj)
         if skipped and (strict or warn):
             self._report_skips(name, skipped, strict)
         claim = _Claim(self)
         with _LOCK:
             self._purge()
-            installed = 0
-            try:
-                for patch, sites in plan:
-                    for site in sites:
-                        installed += self._take(patch, site, claim)
-            except BaseException:
-                self._release(claim)
-                raise
+            installed = self._take_all(plan, claim)
+            claim.pending = [_Pending(p, claim) for p in waiting]
+            self._pending.extend(claim.pending)
+        for pending in claim.pending:
+            wrapt.register_post_import_hook(functools.partial(self._fire, pending), pending.module)
         return Report(name, installed, tuple(skipped), claim)
+
+    def _take_all(self, plan: list[tuple[Patch, list[Site]]], claim: _Claim) -> int:
+        installed = 0
+        try:
+            for patch, sites in plan:
+                for site in sites:
+                    installed += self._take(patch, site, claim)
+        except BaseException:
+            self._release(claim)
+            raise
+        return installed
+
+    def _fire(self, pending: _Pending, module: Any) -> None:
+        """Post-import hook of a lazy patch: install it now unless it was cancelled."""
+        if pending.state != "pending":
+            return
+        try:
+            plan, skipped = self._plan((pending.patch,), None)
+            with _LOCK:
+                if pending.state != "pending":
+                    return
+                self._pending.remove(pending)
+                pending.state = "skipped: " + skipped[0][1] if skipped else "installed"
+                self._take_all(plan, pending.claim)
+        except Exception as exc:  # never break the user's import statement
+            pending.state = f"failed: {exc}"
+            log.error("patchreg: lazy patch %s on import of %s failed: %s", pending.patch.name, pending.module, exc)
+            return
+        if skipped:
+            log.warning(
+                "patchreg: lazy patch %s skipped on import of %s: %s", pending.patch.name, pending.module, skipped[0][1]
+            )
+
+    def _cancel(self, pendings: Iterable[_Pending]) -> None:
+        for pending in list(pendings):
+            if pending.state == "pending":
+                pending.state = "cancelled"
+                self._pending.remove(pending)
 
     def _plan(
         self, patches: tuple[Patch, ...], obj: Any
@@ -295,6 +358,7 @@ class Registry:
         claim = _Claim(self)
         with _LOCK:
             self._purge()
+            self._cancel(p for p in self._pending if p.patch in patches)
             for patch in patches:
                 self._claim_active(patch, obj, claim)
             return self._release(claim)
@@ -322,6 +386,7 @@ class Registry:
         """Drop one user per layer of ``claim`` (last taken first); all or nothing."""
         if claim.released:
             return 0
+        self._cancel(claim.pending)
         layers = [layer for layer in reversed(claim.layers) if layer.count > 0 and layer.site.ref() is not None]
         _check_release(layers)
         restored = 0
@@ -351,6 +416,7 @@ class Registry:
         restored = 0
         with _LOCK:
             self._purge()
+            self._cancel(self._pending)
             for site in list(self._sites.values()):
                 while site.layers and site.ref() is not None:
                     layer = site.layers[-1]
@@ -371,7 +437,8 @@ class Registry:
         """Copies of every active install, in install order per attribute."""
         with _LOCK:
             self._purge()
-            return tuple(_installed(la) for s in self._sites.values() if s.ref() is not None for la in s.layers)
+            live = [_installed(la) for s in self._sites.values() if s.ref() is not None for la in s.layers]
+            return (*live, *(p.entry() for p in self._pending))
 
     def is_active(self, name: str, obj: Any = None) -> bool:
         """True when a patch named ``name`` is installed (on ``obj``, or what ``obj`` contains)."""

@@ -1,0 +1,95 @@
+"""Lazy patching: import-path patches installed by a post-import hook when their module is imported."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from patchreg import Patch, PatchSet, Registry, requires
+from tests.patchreg.helpers import plain
+
+
+@pytest.fixture
+def late_module(tmp_path: Path) -> Iterator[Any]:
+    """A module file in tmp_path, importable by a unique name, not imported yet."""
+    counter = [0]
+    names: list[str] = []
+
+    def make() -> str:
+        counter[0] += 1
+        name = f"patchreg_late_{id(tmp_path):x}_{counter[0]}"
+        (tmp_path / f"{name}.py").write_text(
+            "def greet():\n    return 'hello'\n\nclass K:\n    def m(self):\n        return 'k'\n"
+        )
+        names.append(name)
+        return name
+
+    sys.path.insert(0, str(tmp_path))
+    importlib.invalidate_caches()
+    try:
+        yield make
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in names:
+            sys.modules.pop(name, None)
+
+
+def test_installed_when_module_is_imported(patch_registry: Registry, late_module: Any) -> None:
+    """A lazy patch is pending until the import, then installed, and reverts normally."""
+    name = late_module()
+    p = Patch("greet", f"{name}:greet", plain("patched"))
+    report = patch_registry.apply(p, lazy=True)
+    assert report.installed == 0 and report.pending == ("greet",)
+    assert "pending" in patch_registry.summary()
+    assert "installed when its module is imported" in str(report)
+    module = importlib.import_module(name)
+    assert module.greet() == "patched"
+    assert report.pending == ()
+    assert [e.state for e in patch_registry.active()] == ["active"]
+    assert patch_registry.revert(report) == 1
+    assert module.greet() == "hello"
+    assert "greet" not in vars(module) or vars(module)["greet"].__name__ == "greet"
+
+
+def test_revert_before_import_cancels(patch_registry: Registry, late_module: Any) -> None:
+    """Reverting before the import cancels the hook: it never fires later."""
+    name = late_module()
+    p = PatchSet("s", [Patch("greet", f"{name}:greet", plain("patched"))])
+    report = patch_registry.apply(p, lazy=True)
+    assert patch_registry.revert(p) == 0
+    assert patch_registry.active() == ()
+    module = importlib.import_module(name)
+    assert module.greet() == "hello"
+    assert patch_registry.revert(report) == 0
+
+
+def test_predicate_evaluated_at_import(patch_registry: Registry, late_module: Any) -> None:
+    """A lazy patch whose predicate is false at import time is skipped, not installed."""
+    name = late_module()
+    report = patch_registry.apply(Patch("k", f"{name}:K.m", plain(1), when=requires("attrs<1")), lazy=True)
+    module = importlib.import_module(name)
+    assert module.K().m() == "k"
+    assert report.pending == ()
+    assert patch_registry.active() == ()
+
+
+def test_already_imported_modules_install_now(patch_registry: Registry) -> None:
+    """lazy=True installs at once when the module is already imported."""
+    report = patch_registry.apply(Patch("f", "tests.patchreg.sample:module_func", plain(1)), lazy=True)
+    assert report.installed == 1 and report.pending == ()
+    patch_registry.revert(report)
+
+
+def test_block_exit_before_import_cancels(patch_registry: Registry, late_module: Any) -> None:
+    """A patched() block exited before the import leaves nothing pending."""
+    name = late_module()
+    p = Patch("greet", f"{name}:greet", plain("patched"))
+    report = patch_registry.apply(p, lazy=True)
+    patch_registry.revert_all()
+    assert report.pending == ()
+    assert importlib.import_module(name).greet() == "hello"
