@@ -390,22 +390,24 @@ class Registry:
         layers = [layer for layer in reversed(claim.layers) if layer.count > 0 and layer.site.ref() is not None]
         _check_release(layers)
         restored = 0
-        for layer in layers:
-            layer.count -= 1
-            if layer.count == 0:
+        for layer in layers:  # each step restores before it forgets: an interrupt loses nothing
+            if layer.count == 1:
                 self._uninstall(layer)
                 restored += 1
+            layer.count -= 1
+            claim.layers.remove(layer)  # a retry after an interrupt releases only the rest
         claim.released = True
         return restored
 
     def _uninstall(self, layer: _Layer) -> None:
         site = layer.site
         holder = site.ref()
-        original = layer.patch.backup.pop(holder)
+        original = layer.patch.backup.get(holder)
         if original is ABSENT:
             _delete(site, holder)
         else:
             _write(site, holder, original)
+        layer.patch.backup.pop(holder)
         site.layers.pop()
         if not site.layers:
             self._sites.pop(site.key, None)
@@ -421,8 +423,8 @@ class Registry:
                 while site.layers and site.ref() is not None:
                     layer = site.layers[-1]
                     _check_release([layer] * layer.count)
-                    layer.count = 0
                     self._uninstall(layer)
+                    layer.count = 0
                     restored += 1
         return restored
 
