@@ -1,0 +1,299 @@
+"""``python -m patchreg``: list the known patch sets, check them against this environment, show one patch.
+
+Exit status: 0 success; 1 ``doctor`` found a patch that would not install (or a set that
+failed to load); 2 usage errors (bad arguments, unknown set or patch name).
+Output is plain text with stable columns (the same on a terminal and in a pipe).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import inspect
+import json
+import platform
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+import attrs
+
+from patchreg import __version__
+from patchreg._discovery import KNOWN_MODULES, Discovery, Found, LoadError, discover
+from patchreg._format import table
+from patchreg._predicates import distributions
+from patchreg._records import Patch
+from patchreg._registry import Registry
+from patchreg._targets import ImportPath
+from patchreg.exceptions import PatchError
+
+__all__ = ["Diagnosis", "diagnose", "run"]
+
+#: Distributions whose versions head the ``doctor`` report.
+STACK = ("megatron-core", "vllm", "torch")
+OK, FAILED, USAGE = 0, 1, 2
+
+Finder = Callable[[Sequence[str]], Discovery]
+
+
+class UsageError(Exception):
+    """A set or patch name that does not exist; exit status 2."""
+
+
+@attrs.frozen
+class Diagnosis:
+    """Would ``patch`` install here, why, and the versions of the distributions it depends on."""
+
+    set: str
+    source: str
+    patch: str
+    target: str
+    kind: str
+    install: bool
+    reason: str
+    versions: dict[str, str]
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return attrs.asdict(self)
+
+
+def run(argv: Sequence[str] | None = None, *, finder: Finder | None = None, out: TextIO | None = None) -> int:
+    """Parse ``argv``, run the command, return the exit status (``finder`` replaces discovery in tests)."""
+    out = out if out is not None else sys.stdout
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a usage error
+        return exc.code if isinstance(exc.code, int) else USAGE
+    found = (finder or _default_finder)(tuple(args.module))
+    try:
+        status: int = args.command(args, found, out)
+    except UsageError as exc:
+        sys.stderr.write(f"patchreg {args.name}: {exc}\n")
+        return USAGE
+    return status
+
+
+def _default_finder(extra: Sequence[str]) -> Discovery:
+    return discover((*KNOWN_MODULES, *extra))
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="patchreg",
+        description="Inspect the patch sets known in this environment: patchreg's own and those "
+        "installed distributions declare in the 'patchreg.patchsets' entry-point group.",
+        epilog="Exit status: 0 ok, 1 doctor found a patch that would not install, 2 usage error.",
+    )
+    parser.add_argument("--version", action="version", version=f"patchreg {__version__}")
+    parser.add_argument(
+        "-m", "--module", action="append", default=[], metavar="MODULE", help="also scan MODULE for PatchSet objects"
+    )
+    sub = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
+    p = sub.add_parser("list", help="every known patch set: source, number of patches, description")
+    p.set_defaults(command=_cmd_list, name="list")
+    p = sub.add_parser("doctor", help="would each patch install here, and why (exit 1 if one would not)")
+    p.add_argument("sets", nargs="*", metavar="SET", help="patch set names or module names (default: all)")
+    p.add_argument("--json", action="store_true", help="print a JSON list of objects, one per patch")
+    p.set_defaults(command=_cmd_doctor, name="doctor")
+    p = sub.add_parser("show", help="one patch: target, kind, predicate and its answer, docstring")
+    p.add_argument("patch", metavar="NAME", help="'set.patch', or a patch name that is unique across sets")
+    p.set_defaults(command=_cmd_show, name="show")
+    return parser
+
+
+# -- list -------------------------------------------------------------------------------------
+
+
+def _cmd_list(args: argparse.Namespace, found: Discovery, out: TextIO) -> int:
+    rows = [(f.name, str(len(f.patch_set)), f.source, _first_line(f.patch_set.doc)) for f in found.sets]
+    out.write(table(("set", "patches", "source", "description"), rows) + "\n")
+    _write_errors(found.errors, out)
+    return OK
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else ""
+
+
+def _write_errors(errors: Sequence[LoadError], out: TextIO) -> None:
+    if errors:
+        out.write("\nnot loaded:\n")
+        out.writelines(f"  {e.source}: {e.reason}\n" for e in errors)
+
+
+# -- doctor -----------------------------------------------------------------------------------
+
+
+def _cmd_doctor(args: argparse.Namespace, found: Discovery, out: TextIO) -> int:
+    sets, errors = _select(found, args.sets)
+    rows = [diagnose(p, f) for f in sets for p in f.patch_set]
+    if args.json:
+        objects = [r.as_dict() for r in rows] + [_error_dict(e) for e in errors]
+        out.write(json.dumps(objects, indent=2) + "\n")
+    else:
+        _write_doctor(rows, errors, out)
+    return OK if all(r.install for r in rows) and not errors else FAILED
+
+
+def _select(found: Discovery, names: Sequence[str]) -> tuple[list[Found], list[LoadError]]:
+    if not names:
+        return list(found.sets), list(found.errors)
+    sets: list[Found] = []
+    errors: list[LoadError] = []
+    for name in names:
+        hits = [f for f in found.sets if name in (f.name, f.origin)]
+        failed = [e for e in found.errors if name == e.origin]
+        if not hits and not failed:
+            known = sorted({f.name for f in found.sets}) or ["none"]
+            msg = f"unknown patch set {name!r}; known sets: {', '.join(known)} (see `patchreg list`)."
+            raise UsageError(msg)
+        sets += [f for f in hits if f not in sets]
+        errors += failed
+    return sets, errors
+
+
+def diagnose(patch: Patch, found: Found) -> Diagnosis:
+    """Evaluate ``patch``'s predicate and, for import paths, its target, in this environment."""
+    install, reason = _would_install(patch)
+    return Diagnosis(
+        set=found.name,
+        source=found.source,
+        patch=patch.name,
+        target=str(patch.where),
+        kind=patch.kind,
+        install=install,
+        reason=reason,
+        versions=_versions(patch),
+    )
+
+
+def _would_install(patch: Patch) -> tuple[bool, str]:
+    try:
+        answer = patch.when.evaluate()
+        if not answer.ok:
+            return False, answer.reason
+        if not patch.is_global:
+            return True, f"{answer.reason}; the selector is resolved on the model at apply time"
+        rows = Registry("doctor").explain(patch).rows
+    except PatchError as exc:
+        return False, str(exc)
+    bad = [r for r in rows if r[2] != "install"]
+    return (False, bad[0][3]) if bad else (True, answer.reason)
+
+
+def _versions(patch: Patch) -> dict[str, str]:
+    names = set(distributions(patch.when))
+    if isinstance(patch.where, ImportPath):
+        names.update(_owners(patch.where.module.partition(".")[0]))
+    return {name: _version(name) for name in sorted(names)}
+
+
+_PACKAGES: dict[str, list[str]] = {}
+
+
+def _owners(top: str) -> list[str]:
+    """The distribution providing import package ``top``, when exactly one does."""
+    if not _PACKAGES:
+        _PACKAGES.update(importlib.metadata.packages_distributions())
+    owners = sorted(set(_PACKAGES.get(top, ())))
+    return [owners[0].lower()] if len(owners) == 1 else []
+
+
+def _version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _error_dict(error: LoadError) -> dict[str, Any]:
+    return {
+        "set": None,
+        "source": error.source,
+        "patch": None,
+        "target": None,
+        "kind": None,
+        "install": False,
+        "reason": error.reason,
+        "versions": {},
+    }
+
+
+def _write_doctor(rows: Sequence[Diagnosis], errors: Sequence[LoadError], out: TextIO) -> None:
+    stack = ", ".join(f"{name} {_version(name)}" for name in STACK)
+    out.write(f"patchreg {__version__} doctor: python {platform.python_version()}, {stack}\n\n")
+    cells = [(r.set, r.patch, "yes" if r.install else "no", _found(r.versions), r.reason) for r in rows]
+    out.write(table(("set", "patch", "install", "found", "reason"), cells) + "\n")
+    _write_errors(errors, out)
+    ok = sum(r.install for r in rows)
+    tail = f"; {len(errors)} not loaded" if errors else ""
+    out.write(f"\n{ok} of {len(rows)} patch(es) would install{tail}.\n")
+
+
+def _found(versions: dict[str, str]) -> str:
+    return ", ".join(f"{name} {version}" for name, version in versions.items()) or "-"
+
+
+# -- show -------------------------------------------------------------------------------------
+
+
+def _cmd_show(args: argparse.Namespace, found: Discovery, out: TextIO) -> int:
+    where, patch = _lookup(found, args.patch)
+    answer = _answer(patch)
+    install, reason = _would_install(patch)
+    kind = "import path" if patch.is_global else "selector, resolved on the object given to apply()"
+    lines = [
+        ("patch", f"{where.name}.{patch.name}"),
+        ("source", where.source),
+        ("target", f"{patch.where} ({kind})"),
+        ("kind", patch.kind),
+        ("predicate", patch.when.describe()),
+        ("answer", answer),
+        ("install", f"{'yes' if install else 'no'}: {reason}"),
+        ("found", _found(_versions(patch))),
+    ]
+    width = max(len(k) for k, _ in lines)
+    out.writelines(f"{key.ljust(width)}  {value}\n" for key, value in lines)
+    out.write(f"\n{_docstring(patch)}\n")
+    return OK
+
+
+def _lookup(found: Discovery, name: str) -> tuple[Found, Patch]:
+    qualified = [
+        (f, p)
+        for f in found.sets
+        for p in f.patch_set
+        if name == f"{f.name}.{p.name}" or name == f"{f.origin}.{p.name}"
+    ]
+    hits = qualified or [(f, p) for f in found.sets for p in f.patch_set if p.name == name]
+    if len(hits) == 1:
+        return hits[0]
+    if not hits:
+        msg = f"no patch named {name!r}; write 'set.patch' or a patch name from `patchreg doctor`."
+        raise UsageError(msg)
+    names = ", ".join(f"{f.name}.{p.name}" for f, p in hits)
+    msg = f"{name!r} names {len(hits)} patches ({names}); write it as 'set.patch'."
+    raise UsageError(msg)
+
+
+def _answer(patch: Patch) -> str:
+    try:
+        ok, reason = patch.when.evaluate()
+    except PatchError as exc:
+        return f"error: {exc}"
+    return f"{'yes' if ok else 'no'}: {reason}"
+
+
+def _docstring(patch: Patch) -> str:
+    parts = [patch.doc.strip()] if patch.doc.strip() else []
+    doc = inspect.getdoc(patch.replacement)
+    if doc:
+        parts.append(doc)
+    text = "\n\n".join(parts) or "(the replacement has no docstring)"
+    label = "wrapper" if patch.kind == "wrap" else "replacement"
+    qualname = getattr(patch.replacement, "__qualname__", type(patch.replacement).__qualname__)
+    module = getattr(patch.replacement, "__module__", "")
+    header = f"{label} {module}.{qualname}" if module else f"{label} {qualname}"
+    return header + ":\n" + "\n".join(f"    {line}".rstrip() for line in text.splitlines())

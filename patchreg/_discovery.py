@@ -1,0 +1,174 @@
+"""Finding patch sets: patchreg's own modules, and third-party sets from entry points.
+
+Our sets are the :class:`~patchreg.PatchSet` objects bound at module level in the
+known modules (:data:`KNOWN_MODULES`, and every public submodule of the packages in
+:data:`KNOWN_PACKAGES`). Third-party sets come from the entry-point group
+``patchreg.patchsets`` declared by installed distributions: each entry point names a
+``PatchSet`` or a zero-argument callable returning one. Only declared entry points
+are loaded, never arbitrary strings.
+
+A module that is missing or fails to import, or an entry point that does not load
+or yields no PatchSet, becomes a :class:`LoadError`: discovery never raises for it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import logging
+import pkgutil
+import types
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import attrs
+
+from patchreg._records import PatchSet
+
+__all__ = ["ENTRY_POINT_GROUP", "KNOWN_MODULES", "KNOWN_PACKAGES", "Discovery", "Found", "LoadError", "discover"]
+
+log = logging.getLogger("patchreg")
+
+#: The entry-point group third-party distributions declare their patch sets in.
+ENTRY_POINT_GROUP = "patchreg.patchsets"
+#: Modules scanned for module-level PatchSet objects.
+KNOWN_MODULES = ("patches.megatron.mtp", "patches.megatron.cpu")
+#: Packages whose public submodules (and the package itself) are scanned.
+KNOWN_PACKAGES = ("patches.vllm",)
+
+
+@attrs.frozen
+class Found:
+    """One patch set and where it came from (``module patches.x`` or ``entry point ...``)."""
+
+    patch_set: PatchSet
+    source: str
+    origin: str  # the module name, or the entry point's name
+
+    @property
+    def name(self) -> str:
+        """The patch set's name."""
+        return self.patch_set.name
+
+
+@attrs.frozen
+class LoadError:
+    """A module or entry point that could not be loaded, and why (one sentence)."""
+
+    source: str
+    origin: str
+    reason: str
+
+
+@attrs.frozen
+class Discovery:
+    """Every patch set found, in discovery order, and what failed to load."""
+
+    sets: tuple[Found, ...]
+    errors: tuple[LoadError, ...]
+
+
+def discover(
+    modules: Sequence[str] = KNOWN_MODULES,
+    packages: Sequence[str] = KNOWN_PACKAGES,
+    *,
+    group: str | None = ENTRY_POINT_GROUP,
+) -> Discovery:
+    """Import the known modules and load the entry points of ``group``; never raises for a bad one."""
+    found: list[Found] = []
+    errors: list[LoadError] = []
+    for name in _expand(modules, packages, errors):
+        _scan_module(name, found, errors)
+    if group is not None:
+        for ep in _entry_points(group):
+            _load_entry_point(ep, found, errors)
+    return Discovery(_unique(found), tuple(errors))
+
+
+def _expand(modules: Sequence[str], packages: Sequence[str], errors: list[LoadError]) -> list[str]:
+    names = list(modules)
+    for package in packages:
+        pkg = _import(package, errors)
+        if pkg is None:
+            continue
+        paths = getattr(pkg, "__path__", None)
+        if paths is not None:  # submodules first: a set's source is where it is defined, not re-exported
+            names += sorted(f"{package}.{m.name}" for m in pkgutil.iter_modules(paths) if not m.name.startswith("_"))
+        names.append(package)
+    return names
+
+
+def _import(name: str, errors: list[LoadError]) -> types.ModuleType | None:
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if missing == name or name.startswith(missing + "."):
+            reason = f"module {name} is not installed (no module named {missing!r})"
+        else:
+            reason = f"importing {name} failed: {type(exc).__name__}: {exc}"
+    except Exception as exc:  # a patch module may raise anything at import
+        reason = f"importing {name} failed: {type(exc).__name__}: {exc}"
+    log.info("patchreg: %s", reason)
+    errors.append(LoadError(f"module {name}", name, reason))
+    return None
+
+
+def _scan_module(name: str, found: list[Found], errors: list[LoadError]) -> None:
+    module = _import(name, errors)
+    if module is None:
+        return
+    for value in list(vars(module).values()):
+        if isinstance(value, PatchSet):
+            found.append(Found(value, f"module {name}", name))
+
+
+def _entry_points(group: str) -> Iterable[importlib.metadata.EntryPoint]:
+    seen: set[tuple[str, str]] = set()
+    for ep in importlib.metadata.entry_points(group=group):
+        key = (ep.name, ep.value)
+        if key not in seen:  # one distribution on sys.path twice lists its entry points twice
+            seen.add(key)
+            yield ep
+
+
+def _describe(ep: importlib.metadata.EntryPoint) -> str:
+    dist = getattr(ep, "dist", None)
+    by = f" from {dist.name} {dist.version}" if dist is not None else ""
+    return f"entry point {ep.name} = {ep.value}{by}"
+
+
+def _load_entry_point(ep: importlib.metadata.EntryPoint, found: list[Found], errors: list[LoadError]) -> None:
+    source = _describe(ep)
+    try:
+        value = ep.load()
+        patch_set = _as_patch_set(value, ep)
+    except Exception as exc:  # third-party code may raise anything
+        reason = f"{source} failed to load: {type(exc).__name__}: {exc}"
+        log.info("patchreg: %s", reason)
+        errors.append(LoadError(source, ep.name, reason))
+        return
+    found.append(Found(patch_set, source, ep.name))
+
+
+def _as_patch_set(value: Any, ep: importlib.metadata.EntryPoint) -> PatchSet:
+    if isinstance(value, PatchSet):
+        return value
+    if callable(value):
+        result = value()
+        if isinstance(result, PatchSet):
+            return result
+        msg = f"{ep.value!r} returned {result!r}, not a PatchSet; make the callable return a PatchSet"
+        raise TypeError(msg)
+    msg = f"{ep.value!r} is {value!r}, neither a PatchSet nor a zero-argument callable returning one"
+    raise TypeError(msg)
+
+
+def _unique(found: list[Found]) -> tuple[Found, ...]:
+    seen: set[int] = set()
+    out = []
+    for item in found:
+        if id(item.patch_set) not in seen:
+            seen.add(id(item.patch_set))
+            out.append(item)
+    return tuple(out)
