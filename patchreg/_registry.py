@@ -561,8 +561,9 @@ class Patched:
         return report
 
     def __exit__(self, *exc: object) -> None:
-        report = self._local.stack.pop()
-        self.registry.revert(report)
+        stack = self._local.stack
+        self.registry.revert(stack[-1])  # if this raises, the report stays so that the exit can be retried
+        stack.pop()
 
     def __call__(self, func: F) -> F:
         @functools.wraps(func)
