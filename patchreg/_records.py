@@ -58,8 +58,7 @@ class Backup:
         key = id(holder)
         entry = self._store.get(key)
         if entry is None or entry[0]() is not holder:
-            ref = weakref.ref(holder, functools.partial(_forget, weakref.ref(self), key))
-            entry = self._store[key] = (ref, [])
+            entry = self._store[key] = (weakref.ref(holder, self._forget), [])
         entry[1].append(original)
 
     def pop(self, holder: Any) -> Any:
@@ -78,6 +77,11 @@ class Backup:
             return default
         return entry[1][-1]
 
+    def _forget(self, dead: weakref.ref[Any]) -> None:
+        for key, (ref, _stack) in list(self._store.items()):
+            if ref is dead:
+                del self._store[key]
+
     def __contains__(self, holder: object) -> bool:
         entry = self._store.get(id(holder))
         return entry is not None and entry[0]() is holder
@@ -87,14 +91,6 @@ class Backup:
 
     def __repr__(self) -> str:
         return f"<Backup of {len(self)} object(s)>"
-
-
-def _forget(backup_ref: weakref.ref[Backup], key: int, dead: weakref.ref[Any]) -> None:
-    backup = backup_ref()
-    if backup is not None:
-        entry = backup._store.get(key)
-        if entry is not None and entry[0] is dead:
-            del backup._store[key]
 
 
 def _check_name(instance: Any, attribute: attrs.Attribute[Any], value: object) -> None:

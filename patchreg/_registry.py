@@ -47,60 +47,62 @@ Target = Patch | PatchSet | Iterable[Patch]
 
 
 class _Layer:
-    """One patch installed on one site, with its user count."""
+    """One patch installed on one site, with its user count.
 
-    __slots__ = ("check", "count", "patch", "since", "site")
+    ``owns`` is an ``is`` test for the installed object that keeps no strong reference to
+    an instance it was bound to: bound methods are recognised by id and function, other
+    objects on instances through a weak reference.
+    """
+
+    __slots__ = ("count", "func", "installed", "patch", "since", "site")
 
     def __init__(self, patch: Patch, site: _Site, installed: Any, since: float) -> None:
         self.patch = patch
         self.site = site
         self.count = 1
         self.since = since
-        self.check = _identity_check(installed, site)
+        self.func: Any = None
+        if site.kind != "instance":
+            self.installed: Any = installed
+        elif type(installed) is types.MethodType:
+            self.installed, self.func = id(installed), installed.__func__
+        else:
+            try:
+                self.installed = weakref.ref(installed)
+            except TypeError:
+                self.installed = id(installed)
 
     def owns(self, current: Any) -> bool:
         """True when ``current`` is the very object this layer installed."""
-        return self.check(current)
-
-
-def _identity_check(installed: Any, site: _Site) -> Callable[[Any], bool]:
-    """An ``is`` test for ``installed`` that holds no strong reference to the patched object."""
-    if site.kind != "instance":
-        return functools.partial(_is, installed)
-    if isinstance(installed, types.MethodType):
-        func, key = installed.__func__, id(installed)
-        return lambda current: id(current) == key and getattr(current, "__func__", None) is func
-    try:
-        ref = weakref.ref(installed)
-    except TypeError:
-        key = id(installed)
-        return lambda current: id(current) == key
-    return lambda current: ref() is current
-
-
-def _is(installed: Any, current: Any) -> bool:
-    return current is installed
+        if self.site.kind != "instance":
+            return current is self.installed
+        if self.func is not None:
+            return id(current) == self.installed and getattr(current, "__func__", None) is self.func
+        if type(self.installed) is int:
+            return id(current) == self.installed
+        return self.installed() is current
 
 
 class _Site:
     """One attribute on one holder, and the stack of our layers on it (bottom first)."""
 
-    __slots__ = ("attr", "key", "kind", "label", "layers", "ref")
+    __slots__ = ("attr", "key", "kind", "layers", "ref")
 
     def __init__(self, holder: Any, attr: str, kind: str, on_death: Callable[[Any], None]) -> None:
         self.ref = weakref.ref(holder, on_death)
         self.attr = attr
         self.kind = kind
         self.key = (id(holder), attr)
-        self.label = _label(holder)
         self.layers: list[_Layer] = []
 
-    def namespace(self) -> dict[str, Any] | types.MappingProxyType[str, Any]:
+    @property
+    def label(self) -> str:
         holder = self.ref()
-        return vars(holder) if holder is not None else {}
+        return "<dead object>" if holder is None else _label(holder)
 
     def current(self) -> Any:
-        return self.namespace().get(self.attr, ABSENT)
+        holder = self.ref()
+        return ABSENT if holder is None else vars(holder).get(self.attr, ABSENT)
 
 
 def _label(holder: Any) -> str:
@@ -604,14 +606,12 @@ def _check_instance_holder(patch: Patch, holder: Any, attr: str) -> None:
             "__dict__ (__slots__); patch the class with an import path instead."
         )
         raise UnpatchableTargetError(msg, patch=patch, target=patch.target)
-    try:
-        weakref.ref(holder)
-    except TypeError:
+    if not cls.__weakrefoffset__:
         msg = (
             f"Cannot patch {attr!r} on a {cls.__qualname__} instance (target {str(patch.where)!r}): it does not "
             "support weak references, so patchreg could not let it be freed; add '__weakref__' to its __slots__."
         )
-        raise UnpatchableTargetError(msg, patch=patch, target=patch.target) from None
+        raise UnpatchableTargetError(msg, patch=patch, target=patch.target)
     raw = _class_raw(cls, attr)
     if raw is not ABSENT and hasattr(type(raw), "__set__"):
         msg = (

@@ -136,44 +136,90 @@ class Selector:
     def resolve(self, obj: Any) -> list[Site] | Miss:
         """Every (holder, attribute) the selector names on ``obj``; a Miss says why there is none."""
         _check_instance(obj, self.path)
-        chunks = list(obj) if isinstance(obj, (list, tuple)) else [obj]
+        chunks = obj if isinstance(obj, (list, tuple)) else (obj,)
         sites: list[Site] = []
-        reasons: list[str] = []
         for chunk in chunks:
             _check_instance(chunk, self.path)
-            found = self._resolve_one(chunk)
-            if isinstance(found, Miss):
-                reasons.append(found.reason)
-            else:
+            found = self._fast(chunk)
+            if found:
                 sites.extend(found)
         if sites:
             return sites
-        return Miss(
-            reasons[0] if len(set(reasons)) == 1 else "; ".join(f"chunk {i}: {r}" for i, r in enumerate(reasons))
-        )
+        reasons = [self._explain(chunk) for chunk in chunks]
+        if len(set(reasons)) == 1:
+            return Miss(reasons[0])
+        return Miss("; ".join(f"chunk {i}: {r}" for i, r in enumerate(reasons)))
 
-    def _resolve_one(self, obj: Any) -> list[Site] | Miss:
+    def _fast(self, obj: Any) -> list[Site] | None:
+        """The sites on one chunk, or None on any miss (``_explain`` then says why)."""
+        steps = self._steps
+        start = _unwrap_to(obj, steps[0].name, self.unwrap)
+        if start is None:
+            return None
+        holders = [start]
+        for step in steps[:-1]:
+            nxt = []
+            for holder in holders:
+                value = getattr(holder, step.name, None)
+                if value is None:
+                    return None
+                items = [value]
+                for index in step.indices:
+                    items = _select(items, index)
+                    if not items:
+                        return None
+                nxt.extend(items)
+            holders = nxt
+        attr = steps[-1].name
+        for holder in holders:
+            _check_instance(holder, self.path)
+            if not _has_attr(holder, attr):
+                return None
+        return [Site(holder, attr) for holder in holders]
+
+    def _explain(self, obj: Any) -> str:
+        """Why the selector finds nothing on ``obj`` (the slow path, with dotted locations)."""
         first = self._steps[0].name
         start = _unwrap_to(obj, first, self.unwrap)
         if start is None:
             through = ", ".join(f".{u}" for u in self.unwrap)
-            return Miss(f"{type(obj).__name__} has no attribute {first!r} (looked through {through})")
+            return f"{type(obj).__name__} has no attribute {first!r} (looked through {through})"
         holders: list[tuple[Any, str]] = [(start, "")]
         for step in self._steps[:-1]:
             holders, miss = _advance(holders, step)
             if miss is not None:
-                return miss
-        last = self._steps[-1]
-        if last.indices:
-            msg = f"Selector {self.path!r} must end with an attribute name, not an index."
-            raise PatchDefinitionError(msg, target=self.path)
-        sites = []
+                return miss.reason
+        last = self._steps[-1].name
         for holder, where in holders:
-            _check_instance(holder, self.path)
-            if not _has_attr(holder, last.name):
-                return Miss(f"{where or type(holder).__name__} has no attribute {last.name!r}")
-            sites.append(Site(holder, last.name))
-        return sites
+            if not _has_attr(holder, last):
+                return f"{where or type(holder).__name__} has no attribute {last!r}"
+        return "nothing matched"
+
+
+def _select(items: list[Any], index: str) -> list[Any]:
+    """Apply one ``[*]``/``[n]`` to each item; empty when anything is missing or out of range."""
+    out: list[Any] = []
+    for value in items:
+        try:
+            elements = _elements(value)
+        except TypeError:
+            return []
+        if index == "*":
+            out.extend(elements)
+            continue
+        i = int(index)
+        if not -len(elements) <= i < len(elements):
+            return []
+        out.append(elements[i])
+    return out
+
+
+def _elements(value: Any) -> list[Any]:
+    if isinstance(value, list):
+        return value
+    if isinstance(value, Mapping) or _is_module_dict(value):
+        return list(value.values())
+    return list(_iterate(value))
 
 
 def _parse_steps(path: object) -> tuple[_Step, ...]:
@@ -206,6 +252,8 @@ def _has_attr(obj: Any, name: str) -> bool:
 
 def _unwrap_to(obj: Any, name: str, unwrap: tuple[str, ...]) -> Any:
     """The first object, walking ``unwrap`` attributes breadth first, that has ``name``."""
+    if _has_attr(obj, name):
+        return obj
     queue, seen = [obj], set()
     while queue:
         current = queue.pop(0)
@@ -246,10 +294,8 @@ def _advance(holders: list[tuple[Any, str]], step: _Step) -> tuple[list[tuple[An
 def _index(items: list[tuple[Any, str]], index: str) -> tuple[list[tuple[Any, str]], Miss | None]:
     out: list[tuple[Any, str]] = []
     for value, where in items:
-        elements = list(value.values()) if isinstance(value, Mapping) or _is_module_dict(value) else None
         try:
-            if elements is None:
-                elements = list(_iterate(value))
+            elements = _elements(value)
         except TypeError:
             return [], Miss(f"{where} is not a sequence, so [{index}] cannot select from it")
         if index == "*":
