@@ -1,0 +1,193 @@
+"""The command line: list, doctor (text and JSON, exit status), show, usage errors, python -m."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import io
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from patchreg.__main__ import main
+from patchreg._cli import run
+from patchreg._discovery import Discovery, discover
+
+SAMPLE = "tests.patchreg.cli_sample"
+ROOT = Path(__file__).resolve().parents[2]
+ATTRS = importlib.metadata.version("attrs")
+
+
+def _sample(extra: Sequence[str]) -> Discovery:
+    return discover((SAMPLE, *extra), (), group=None)
+
+
+def cli(*argv: str) -> tuple[int, str]:
+    """Run the CLI in-process on the sample sets; return (status, stdout)."""
+    out = io.StringIO()
+    status = run(list(argv), finder=_sample, out=out)
+    return status, out.getvalue()
+
+
+def test_list_names_each_set_with_source_count_and_first_doc_line() -> None:
+    """`list` prints one row per set: name, number of patches, source module, first line of its doc."""
+    status, out = cli("list")
+    assert status == 0
+    lines = out.splitlines()
+    assert lines[0].split() == ["set", "patches", "source", "description"]
+    assert lines[2].split() == [
+        "sample-ready",
+        "3",
+        "module",
+        SAMPLE,
+        "Patches",
+        "that",
+        "install",
+        "in",
+        "any",
+        "environment.",
+    ]
+    assert "second paragraph" not in out
+    assert lines[3].split()[:4] == ["sample-skipping", "3", "module", SAMPLE]
+
+
+def test_list_reports_a_module_that_cannot_be_imported() -> None:
+    """A scanned module that does not exist is listed under 'not loaded', and list still succeeds."""
+    status, out = cli("--module", "tests.patchreg.no_such_module", "list")
+    assert status == 0
+    assert (
+        "not loaded:\n  module tests.patchreg.no_such_module: module tests.patchreg.no_such_module is not installed"
+        in out
+    )
+
+
+def test_doctor_all_installable_exits_zero_with_versions() -> None:
+    """`doctor SET` exits 0 when every patch would install, and prints the version its predicate found."""
+    status, out = cli("doctor", "sample-ready")
+    assert status == 0
+    rows = {line.split()[1]: line for line in out.splitlines() if line.startswith("sample-ready ")}
+    assert set(rows) == {"shout", "tag-method", "tag-forward"}
+    assert rows["shout"].split()[2:6] == ["yes", "attrs", ATTRS, "attrs"]
+    assert f"attrs {ATTRS} satisfies >=20" in rows["shout"]
+    assert "selector is resolved on the model at apply time" in rows["tag-forward"]
+    assert out.splitlines()[0].startswith("patchreg ") and "megatron-core" in out.splitlines()[0]
+    assert out.rstrip().endswith("3 of 3 patch(es) would install.")
+
+
+def test_doctor_exits_one_and_says_why_a_patch_would_not_install() -> None:
+    """`doctor` exits 1 when a patch would be skipped, with the version found or the missing target."""
+    status, out = cli("doctor", "sample-skipping")
+    assert status == 1
+    rows = {line.split()[1]: line for line in out.splitlines() if line.startswith("sample-skipping ")}
+    assert rows["future"].split()[2] == "no"
+    assert f"attrs {ATTRS} does not satisfy >=999" in rows["future"]
+    assert rows["missing-target"].split()[2] == "no"
+    assert "tests.patchreg.sample:Child.no_such_method does not exist" in rows["missing-target"]
+    assert rows["shout"].split()[2] == "yes"
+    assert out.rstrip().endswith("1 of 3 patch(es) would install.")
+
+
+def test_doctor_without_names_checks_every_set_and_counts_load_failures() -> None:
+    """Plain `doctor` covers all sets, lists modules that failed to load, and then exits 1."""
+    status, out = cli("--module", "tests.patchreg.no_such_module", "doctor")
+    assert status == 1
+    assert "sample-ready " in out and "sample-skipping " in out
+    assert "not loaded:" in out and out.rstrip().endswith("4 of 6 patch(es) would install; 1 not loaded.")
+
+
+def test_doctor_json_is_a_list_of_objects_with_the_same_facts() -> None:
+    """`doctor --json` prints one object per patch with install, reason and versions."""
+    status, out = cli("doctor", "--json", "sample-skipping", "sample-ready")
+    assert status == 1
+    objects = json.loads(out)
+    assert [(o["set"], o["patch"]) for o in objects][:3] == [
+        ("sample-skipping", "future"),
+        ("sample-skipping", "missing-target"),
+        ("sample-skipping", "shout"),
+    ]
+    future = objects[0]
+    assert future == {
+        "set": "sample-skipping",
+        "source": f"module {SAMPLE}",
+        "patch": "future",
+        "target": "tests.patchreg.sample:module_func",
+        "kind": "replace",
+        "install": False,
+        "reason": f"attrs {ATTRS} does not satisfy >=999",
+        "versions": {"attrs": ATTRS},
+    }
+    assert all(o["install"] for o in objects if o["set"] == "sample-ready")
+
+
+def test_doctor_selects_sets_by_module_name() -> None:
+    """A module name selects every set defined in it."""
+    status, out = cli("doctor", "--json", SAMPLE)
+    assert status == 1
+    assert {o["set"] for o in json.loads(out)} == {"sample-ready", "sample-skipping"}
+
+
+def test_doctor_unknown_set_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """An unknown set name exits 2 and names the known sets on stderr."""
+    status, out = cli("doctor", "no-such-set")
+    assert status == 2
+    assert out == ""
+    err = capsys.readouterr().err
+    assert "unknown patch set 'no-such-set'; known sets: sample-ready, sample-skipping" in err
+
+
+def test_show_prints_target_kind_predicate_answer_and_docstring() -> None:
+    """`show set.patch` prints the target, kind, predicate with its answer, and the whole docstring."""
+    status, out = cli("show", "sample-ready.shout")
+    assert status == 0
+    fields = dict(line.split(None, 1) for line in out.split("\n\n")[0].splitlines())
+    assert fields["patch"] == "sample-ready.shout"
+    assert fields["source"] == f"module {SAMPLE}"
+    assert fields["target"] == "tests.patchreg.sample:module_func (import path)"
+    assert fields["kind"] == "replace"
+    assert fields["predicate"] == "requires('attrs>=20')"
+    assert fields["answer"] == f"yes: attrs {ATTRS} satisfies >=20"
+    assert "replacement tests.patchreg.cli_sample.shout:\n    Return a marker instead of x + 1." in out
+    assert "Used by the CLI tests to check that ``show`` prints the whole docstring." in out
+
+
+def test_show_accepts_a_unique_patch_name_and_describes_selectors() -> None:
+    """A patch name unique across sets is enough; a selector target says it resolves at apply time."""
+    status, out = cli("show", "tag-forward")
+    assert status == 0
+    assert "target     blocks[*].forward (selector, resolved on the object given to apply())" in out
+    assert "kind       wrap" in out
+
+
+def test_show_ambiguous_or_unknown_name_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """A name shared by two sets, or no patch at all, exits 2 with a remedy."""
+    assert cli("show", "shout")[0] == 2
+    assert "'shout' names 2 patches (sample-ready.shout, sample-skipping.shout); write it as 'set.patch'" in (
+        capsys.readouterr().err
+    )
+    assert cli("show", "sample-ready.nope")[0] == 2
+    assert "no patch named 'sample-ready.nope'" in capsys.readouterr().err
+
+
+def test_bad_arguments_exit_two(capsys: pytest.CaptureFixture[str]) -> None:
+    """A missing or unknown command exits 2 with argparse's usage line."""
+    assert main([]) == 2
+    assert main(["frobnicate"]) == 2
+    assert "usage: patchreg" in capsys.readouterr().err
+
+
+def test_python_dash_m_piped_output_is_plain_and_stable() -> None:
+    """`python -m patchreg` in a pipe prints the plain table, without escape codes, and returns doctor's status."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1"}
+    cmd = [sys.executable, "-m", "patchreg", "--module", SAMPLE, "doctor", "sample-ready"]
+    first = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, check=False)
+    assert first.returncode == 0, first.stderr
+    assert "\x1b[" not in first.stdout
+    assert next(line.split()[:3] for line in first.stdout.splitlines() if line.startswith("sample-ready ")) == [
+        "sample-ready",
+        "shout",
+        "yes",
+    ]
