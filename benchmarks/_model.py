@@ -1,0 +1,68 @@
+"""A tiny real Megatron-Core GPTModel with MTP layers, on CPU (mirrors the tests' builder; not imported from tests/)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+import torch
+
+VOCAB = 64
+SEQ = 16
+BATCH = 2
+
+
+def init_parallel() -> None:
+    """A one-process gloo group and Megatron's model-parallel state (tp = pp = 1); idempotent."""
+    from megatron.core import parallel_state
+
+    if not torch.distributed.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        if "MASTER_PORT" not in os.environ:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+        torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(1, 1)
+
+
+def build(mtp_layers: int = 1, *, seed: int = 0) -> Any:
+    """A GPTModel (1 decoder layer, hidden 16, vocab 64) with ``mtp_layers`` MTP layers, CPU-initialised."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec, get_gpt_mtp_block_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    init_parallel()
+    torch.manual_seed(seed)
+    config = TransformerConfig(
+        num_layers=1,
+        hidden_size=16,
+        ffn_hidden_size=32,
+        num_attention_heads=2,
+        use_cpu_initialization=True,
+        mtp_num_layers=mtp_layers,
+        mtp_loss_scaling_factor=0.1,
+    )
+    spec = get_gpt_layer_local_spec()
+    mtp_spec = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False)
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=spec,
+        vocab_size=VOCAB,
+        max_sequence_length=SEQ,
+        mtp_block_spec=mtp_spec,
+    )
+
+
+def batch(seed: int = 0) -> dict[str, torch.Tensor]:
+    """Token ids, positions, labels and a loss mask for one step."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
+    return {
+        "input_ids": ids,
+        "position_ids": torch.arange(SEQ).expand(BATCH, SEQ),
+        "labels": torch.roll(ids, -1, dims=1),
+        "loss_mask": torch.ones(BATCH, SEQ),
+    }

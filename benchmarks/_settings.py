@@ -1,0 +1,38 @@
+"""How many repetitions each section runs: the full run and ``--quick``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Repetitions and block sizes; ``quick()`` keeps the whole run within about a minute."""
+
+    quick: bool = False
+    repeat: int = 31
+    cold_repeat: int = 31
+    scale_ops: int = 2048
+    call_ops: int = 20000
+    warm_ops: int = 20000
+    cycle_ops: int = 200
+    steps: int = 15
+    hygiene_models: int = 100
+
+    @classmethod
+    def full(cls) -> Settings:
+        return cls()
+
+    @classmethod
+    def fast(cls) -> Settings:
+        return cls(
+            quick=True,
+            repeat=5,
+            cold_repeat=5,
+            scale_ops=256,
+            call_ops=2000,
+            warm_ops=2000,
+            cycle_ops=50,
+            steps=3,
+            hygiene_models=10,
+        )

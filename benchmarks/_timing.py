@@ -1,0 +1,85 @@
+"""Timing loops: ``time.perf_counter_ns``, gc disabled inside each timed block, medians with min/max.
+
+Variants of one comparison are timed interleaved (the order rotates every repetition), so
+a noisy neighbour slows all of them alike; ratios are the median of the per-repetition ratios.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+#: A variant runs its operation ``n`` times in its own loop.
+Loop = Callable[[int], object]
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Nanoseconds per operation over the repetitions: median, min, max."""
+
+    median: float
+    min: float
+    max: float
+    samples: int
+
+    @classmethod
+    def of(cls, values: list[float]) -> Stats:
+        return cls(statistics.median(values), min(values), max(values), len(values))
+
+    def us(self) -> str:
+        """``median µs (min-max)``."""
+        return f"{self.median / 1e3:.2f} µs ({self.min / 1e3:.2f}-{self.max / 1e3:.2f})"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Stats per variant and per-repetition samples, so ratios can be taken pair by pair."""
+
+    stats: dict[str, Stats]
+    samples: dict[str, list[float]]
+
+    def ratio(self, a: str, b: str) -> Stats:
+        """``a / b``: the median, min and max of the per-repetition ratios."""
+        return Stats.of([x / y for x, y in zip(self.samples[a], self.samples[b], strict=True)])
+
+
+def looped(op: Callable[[], object]) -> Loop:
+    """A loop calling ``op`` ``n`` times (for operations of a microsecond or more)."""
+
+    def loop(n: int) -> None:
+        for _ in range(n):
+            op()
+
+    return loop
+
+
+def timed(loop: Loop, n: int) -> float:
+    """Nanoseconds per operation of one block of ``n``, with the garbage collector off."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        start = time.perf_counter_ns()
+        loop(n)
+        elapsed = time.perf_counter_ns() - start
+    finally:
+        if enabled:
+            gc.enable()
+    return elapsed / n
+
+
+def compare(variants: Mapping[str, Loop], *, number: int, repeat: int, warmup: int = 1) -> Comparison:
+    """Time every variant ``repeat`` times (blocks of ``number`` operations), interleaved."""
+    names = list(variants)
+    for name in names:
+        for _ in range(warmup):
+            variants[name](max(1, number // 4))
+    gc.collect()
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(repeat):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            samples[name].append(timed(variants[name], number))
+    return Comparison({n: Stats.of(v) for n, v in samples.items()}, samples)

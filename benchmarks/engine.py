@@ -1,0 +1,193 @@
+"""Engine-only measurements: 2 (scaling), 3 (call overhead), 4 (predicates cold and warm)."""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import wrapt
+
+import patchreg
+from benchmarks import _trees
+from benchmarks._report import Check, Section
+from benchmarks._settings import Settings
+from benchmarks._timing import Loop, Stats, compare, looped
+from patchreg import Patch, PatchSet, Predicate, Registry, Selector
+
+SIZES = (1, 8, 64, 512)
+
+
+# -- 2. scaling -------------------------------------------------------------------------
+
+
+SCALE_SET = PatchSet(
+    "bench.scale", [Patch("bench.scale.embeddings", "mtp.layers[*]._get_embeddings", _trees.leaf_embeddings)]
+)
+
+
+def scaling(settings: Settings) -> Section:
+    """Apply + revert on trees of 1 to 512 targets; cost per target."""
+    registry = Registry("bench-scaling")
+    trees = {n: _trees.Tree(n) for n in SIZES}
+
+    def cycle(tree: _trees.Tree) -> Callable[[], None]:
+        def op() -> None:
+            registry.revert(registry.apply(SCALE_SET, tree))
+
+        return op
+
+    per_target: dict[int, Stats] = {}
+    rows = []
+    for n, tree in trees.items():
+        number = max(2, settings.scale_ops // n)
+        stats = compare({"cycle": looped(cycle(tree))}, number=number, repeat=settings.repeat).stats["cycle"]
+        per = Stats(stats.median / n, stats.min / n, stats.max / n, stats.samples)
+        per_target[n] = per
+        rows.append((str(n), stats.us(), per.us()))
+    assert not registry.active(), "the scaling benchmark left patches installed"
+    medians = [s.median for s in per_target.values()]
+    spread = max(medians) / min(medians)
+    return Section(
+        2,
+        "Scaling: apply + revert over trees of N targets",
+        ("targets", "apply + revert", "per target"),
+        rows,
+        [Check("per-target cost, max/min over 1..512", f"{spread:.2f}x", "<= 2x", spread <= 2.0)],
+        [
+            "Trees are `torch.nn.Module`s whose `mtp.layers` (a `ModuleList`) holds N leaves; one selector "
+            "patch `mtp.layers[*]._get_embeddings`, so N installs per apply.",
+            "A fresh `Registry` per run; each cycle is `registry.revert(registry.apply(set, tree))`.",
+        ],
+    )
+
+
+# -- 3. call overhead -------------------------------------------------------------------
+
+
+def _calls(obj: Any) -> Loop:
+    def loop(n: int) -> None:
+        step = 1
+        for _ in range(n):
+            obj.step(step)
+
+    return loop
+
+
+def call_overhead(settings: Settings) -> Section:
+    """Calls through registry installs vs the same object installed by hand or by wrapt."""
+    registry = Registry("bench-calls")
+    mod = "benchmarks._trees"
+    replace_cls = Patch("bench.replace-class", f"{mod}:ReplaceByRegistry.step", _trees.fast_step)
+    wrap_cls = Patch("bench.wrap-class", f"{mod}:WrapByRegistry.step", _trees.passthrough, kind="wrap")
+    replace_obj = Patch("bench.replace-instance", Selector("step"), _trees.fast_step)
+    wrap_obj = Patch("bench.wrap-instance", Selector("step"), _trees.passthrough, kind="wrap")
+    objs = {k: _trees.Plain() for k in ("replace-reg", "replace-hand", "wrap-reg", "wrap-wrapt")}
+
+    reports = [registry.apply(replace_cls), registry.apply(wrap_cls)]
+    reports.append(registry.apply(replace_obj, objs["replace-reg"]))
+    reports.append(registry.apply(wrap_obj, objs["wrap-reg"]))
+    hand = objs["replace-hand"]
+    vars(hand)["step"] = _trees.fast_step.__get__(hand, type(hand))
+    raw = objs["wrap-wrapt"]
+    vars(raw)["step"] = wrapt.FunctionWrapper(raw.step, _trees.passthrough)
+    original_hand_step = vars(_trees.ReplaceByHand)["step"]
+    _trees.ReplaceByHand.step = _trees.fast_step  # type: ignore[method-assign]
+    wrapt.wrap_function_wrapper(mod, "WrapByWrapt.step", _trees.passthrough)
+    try:
+        pairs = [
+            ("replace, class attribute", "registry", _trees.ReplaceByRegistry(), "by hand", _trees.ReplaceByHand()),
+            ("replace, instance (bound)", "registry", objs["replace-reg"], "by hand", hand),
+            (
+                "wrap, class attribute",
+                "registry",
+                _trees.WrapByRegistry(),
+                "wrapt.wrap_function_wrapper",
+                _trees.WrapByWrapt(),
+            ),
+            ("wrap, instance", "registry", objs["wrap-reg"], "wrapt.FunctionWrapper", raw),
+        ]
+        rows, checks = [], []
+        for label, ours_name, ours, theirs_name, theirs in pairs:
+            cmp = compare(
+                {"ours": _calls(ours), "theirs": _calls(theirs)}, number=settings.call_ops, repeat=settings.repeat
+            )
+            ratio = cmp.ratio("ours", "theirs")
+            ns = lambda s: f"{s.median:.0f} ns ({s.min:.0f}-{s.max:.0f})"  # noqa: E731
+            rows.append(
+                (
+                    label,
+                    f"{ours_name}: {ns(cmp.stats['ours'])}",
+                    f"{theirs_name}: {ns(cmp.stats['theirs'])}",
+                    f"{ratio.median:.3f}x",
+                )
+            )
+            checks.append(
+                Check(f"call, {label}, vs {theirs_name}", f"{ratio.median:.3f}x", "<= 1.1x", ratio.median <= 1.1)
+            )
+    finally:
+        for report in reversed(reports):
+            registry.revert(report)
+        _trees.ReplaceByHand.step = original_hand_step  # type: ignore[method-assign]
+        _trees.WrapByWrapt.step = vars(_trees.WrapByWrapt)["step"].__wrapped__  # type: ignore[attr-defined]
+    return Section(
+        3,
+        "Call overhead of an installed patch",
+        ("install", "patchreg", "peer", "ratio"),
+        rows,
+        checks,
+        [
+            "Per call of `obj.step(1)` in a Python loop (loop cost included on both sides).",
+            "The registry installs the same kind of object a careful hand would: a plain function on the class, "
+            "a bound method in `vars(instance)`, a `wrapt.FunctionWrapper`; the ratio shows no hidden indirection.",
+        ],
+    )
+
+
+# -- 4. predicates ----------------------------------------------------------------------
+
+
+def predicates(settings: Settings, preds: Sequence[Predicate], source: str) -> Section:
+    """Evaluate every predicate cold (after ``refresh()``) and warm (cached)."""
+    cold: list[float] = []
+    for _ in range(settings.cold_repeat):
+        patchreg.refresh()
+        gc.disable()
+        start = time.perf_counter_ns()
+        for pred in preds:
+            pred.evaluate()
+        cold.append(time.perf_counter_ns() - start)
+        gc.enable()
+    cold_stats = Stats.of(cold)
+
+    def warm(n: int) -> None:
+        for _ in range(n):
+            for pred in preds:
+                pred.evaluate()
+
+    w = compare({"warm": warm}, number=settings.warm_ops, repeat=settings.repeat).stats["warm"]
+    per = Stats(w.median / len(preds), w.min / len(preds), w.max / len(preds), w.samples)
+    reasons = [pred.evaluate().reason for pred in preds]
+    cold_ms = cold_stats.median / 1e6
+    return Section(
+        4,
+        "First use: predicates cold and warm",
+        ("predicates", "cold, all (ms)", "warm, per predicate"),
+        [
+            (
+                str(len(preds)),
+                f"{cold_ms:.3f} ({cold_stats.min / 1e6:.3f}-{cold_stats.max / 1e6:.3f})",
+                f"{per.median:.0f} ns ({per.min:.0f}-{per.max:.0f})",
+            )
+        ],
+        [
+            Check("predicates cold, whole MTP set", f"{cold_ms:.3f} ms", "<= 5 ms", cold_ms <= 5.0),
+            Check("predicate warm, per predicate", f"{per.median:.0f} ns", "<= 1 µs", per.median <= 1000),
+        ],
+        [
+            f"Predicates: {source}. Cold = after `patchreg.refresh()` (answers and importlib's caches dropped); "
+            "the modules themselves are already imported, as they are once a model exists.",
+            *(f"`{pred.describe()}` → {reason}" for pred, reason in zip(preds, reasons, strict=True)),
+        ],
+    )
