@@ -15,17 +15,7 @@ from typing import Any
 import pytest
 
 from tests.reliability import targets
-from tests.reliability.helpers import Namespaces
-
-_FIGURES: dict[str, int] = {}
-
-
-class Figures:
-    """Adds named counts to the session's figures (``figures.add("threads.cycles", 80_000)``)."""
-
-    def add(self, key: str, value: int) -> None:
-        """Add ``value`` to the figure ``key``."""
-        _FIGURES[key] = _FIGURES.get(key, 0) + int(value)
+from tests.reliability.helpers import FIGURES, Figures, Namespaces
 
 
 @pytest.fixture
@@ -39,7 +29,7 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
     path = os.environ.get("PATCHREG_RELIABILITY_JSON")
     if path:
         with open(path, "w", encoding="utf-8") as fh:
-            json.dump(_FIGURES, fh, indent=2, sort_keys=True)
+            json.dump(FIGURES, fh, indent=2, sort_keys=True)
 
 
 @pytest.fixture

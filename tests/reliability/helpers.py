@@ -4,6 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
+#: The session's figures (cycles run, inputs tried, objects freed), by name.
+FIGURES: dict[str, int] = {}
+
+
+class Figures:
+    """Adds named counts to the session's figures (``figures.add("threads.stress_cycles", 80_000)``)."""
+
+    def add(self, key: str, value: int) -> None:
+        """Add ``value`` to the figure ``key``."""
+        FIGURES[key] = FIGURES.get(key, 0) + int(value)
+
 
 class Namespaces:
     """Snapshots of several namespaces (``vars(obj)``) taken at construction."""
