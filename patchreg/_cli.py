@@ -120,7 +120,7 @@ def _first_line(text: str) -> str:
 def _write_errors(errors: Sequence[LoadError], out: TextIO) -> None:
     if errors:
         out.write("\nnot loaded:\n")
-        out.writelines(f"  {e.source}: {e.reason}\n" for e in errors)
+        out.writelines(f"  {e.reason}\n" for e in errors)
 
 
 # -- doctor -----------------------------------------------------------------------------------

@@ -60,7 +60,7 @@ def test_list_reports_a_module_that_cannot_be_imported() -> None:
     status, out = cli("--module", "tests.patchreg.no_such_module", "list")
     assert status == 0
     assert (
-        "not loaded:\n  module tests.patchreg.no_such_module: module tests.patchreg.no_such_module is not installed"
+        "not loaded:\n  module tests.patchreg.no_such_module is not installed"
         in out
     )
 
