@@ -1,0 +1,38 @@
+"""Megatron-Core patch sets: MTP for PPO (``mtp_patched``) and CPU shims (``cpu_patched``)."""
+
+from __future__ import annotations
+
+from patches.megatron.cpu import CPU_SET, cpu_patched
+from patches.megatron.errors import (
+    MissingUpstreamArgumentError,
+    MTPConflictError,
+    MTPPatchError,
+    UnsupportedModelError,
+)
+from patches.megatron.mtp import (
+    CHECKPOINTED_FORWARD,
+    DETACH_EMBEDDINGS,
+    MTP_DETACH_SET,
+    MTP_SET,
+    POSTPROCESS,
+    POSTPROCESS_DETACHED,
+    MTPReport,
+    mtp_patched,
+)
+
+__all__ = [
+    "CHECKPOINTED_FORWARD",
+    "CPU_SET",
+    "DETACH_EMBEDDINGS",
+    "MTP_DETACH_SET",
+    "MTP_SET",
+    "POSTPROCESS",
+    "POSTPROCESS_DETACHED",
+    "MTPConflictError",
+    "MTPPatchError",
+    "MTPReport",
+    "MissingUpstreamArgumentError",
+    "UnsupportedModelError",
+    "cpu_patched",
+    "mtp_patched",
+]

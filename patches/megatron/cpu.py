@@ -1,0 +1,126 @@
+"""CPU shims for Megatron-Core: tiny real models run forward and backward without CUDA.
+
+For tests and examples on machines without a GPU; never use it on a GPU run (it moves the
+"CUDA" RNG states of the model-parallel tracker onto the CPU generator). Class- and
+module-level patches, each gated per release:
+
+- ``memory_buffer_on_cpu``: ``GlobalMemoryBuffer.get_tensor`` (DotProductAttention's scratch) on the CPU
+- ``rng_state_get`` / ``rng_state_set``: the tracker's and recompute's CUDA RNG state -> the CPU generator
+- ``rng_tracker_add`` / ``rng_tracker_fork``: ``CudaRNGStatesTracker`` seeding and forking on the CPU
+- ``mtp_tracker_device`` / ``mtp_metrics_device``: the MTP loss tracker allocated on the loss's device
+
+Usage: ``with cpu_patched(), mtp_patched(model): ...``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Iterator
+from typing import Any
+
+import patchreg
+from patchreg import Patch, PatchSet, has, requires
+
+from patches.megatron._compat import MTP, RANDOM, upstream
+
+__all__ = ["CPU_SET", "cpu_patched"]
+
+_UTILS = "megatron.core.utils"
+_TRACKER = f"{RANDOM}:CudaRNGStatesTracker"
+_HELPER = f"{MTP}:MTPLossLoggingHelper"
+
+
+def _get_tensor(self: Any, tensor_shape: Any, dtype: Any, name: Any, *args: Any, **kwargs: Any) -> Any:
+    """Allocate the scratch tensor on the CPU (upstream asks torch.cuda.current_device())."""
+    import torch
+
+    return torch.empty(tuple(tensor_shape), dtype=dtype)
+
+
+def _get_rng_state(*args: Any, **kwargs: Any) -> Any:
+    """The CPU generator's state stands in for the CUDA one."""
+    import torch
+
+    return torch.get_rng_state()
+
+
+def _set_rng_state(new_state: Any, *args: Any, **kwargs: Any) -> None:
+    """Set the CPU generator's state where upstream sets the CUDA one."""
+    import torch
+
+    torch.set_rng_state(new_state)
+
+
+def _tracker_add(self: Any, name: str, seed: int) -> None:
+    """Track a named RNG state seeded with ``seed``, as a CPU generator state."""
+    import torch
+
+    if seed in self.seeds_:
+        msg = f"seed {seed} already exists"
+        raise Exception(msg)  # noqa: TRY002 - the type upstream raises
+    if name in self.states_:
+        msg = f"cuda rng state {name} already exists"
+        raise Exception(msg)  # noqa: TRY002
+    self._is_initialized = True
+    self.seeds_.add(seed)
+    generator = torch.Generator()
+    generator.manual_seed(seed)
+    self.states_[name] = generator.get_state()
+
+
+@contextlib.contextmanager
+def _tracker_fork(self: Any, name: str | None = None) -> Iterator[None]:
+    """Run the block on the named RNG state (CPU generator) and keep its advance; restore the caller's."""
+    import torch
+
+    name = name if name is not None else upstream(RANDOM, "_MODEL_PARALLEL_RNG_TRACKER_NAME")
+    if name not in self.states_:
+        msg = f"cuda rng state {name} is not added"
+        raise Exception(msg)  # noqa: TRY002
+    outer = torch.get_rng_state()
+    torch.set_rng_state(self.states_[name])
+    try:
+        yield
+    finally:
+        self.states_[name] = torch.get_rng_state()
+        torch.set_rng_state(outer)
+
+
+def _seed_tracker(keys: tuple[str, ...]) -> Any:
+    def seed(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        import torch
+
+        bound = inspect.signature(wrapped).bind(*args, **kwargs).arguments
+        tracker = upstream(MTP, "MTPLossLoggingHelper").tracker
+        for key in keys:
+            if key not in tracker:
+                tracker[key] = torch.zeros(bound["num_layers"], device=bound["loss"].device)
+        return wrapped(*args, **kwargs)
+
+    seed.__doc__ = f"Create the MTP tracker's {', '.join(keys)} on the loss's device before upstream looks for CUDA."
+    return seed
+
+
+CPU_SET = PatchSet(
+    "megatron-cpu",
+    (
+        Patch("memory_buffer_on_cpu", f"{_UTILS}:GlobalMemoryBuffer.get_tensor", _get_tensor,
+              when=has(f"{_UTILS}:GlobalMemoryBuffer.get_tensor")),
+        Patch("rng_state_get", f"{RANDOM}:_get_cuda_rng_state", _get_rng_state, when=has(f"{RANDOM}:_get_cuda_rng_state")),
+        Patch("rng_state_set", f"{RANDOM}:_set_cuda_rng_state", _set_rng_state, when=has(f"{RANDOM}:_set_cuda_rng_state")),
+        Patch("rng_tracker_add", f"{_TRACKER}.add", _tracker_add, when=has(f"{_TRACKER}.add")),
+        Patch("rng_tracker_fork", f"{_TRACKER}.fork", _tracker_fork, when=has(f"{_TRACKER}.fork")),
+        Patch("mtp_tracker_device", f"{_HELPER}.save_loss_to_tracker", _seed_tracker(("values",)), kind="wrap",
+              when=requires("megatron-core>=0.14") & has(f"{_HELPER}.save_loss_to_tracker")),
+        Patch("mtp_metrics_device", f"{_HELPER}.save_metrics_to_tracker",
+              _seed_tracker(("loss_values", "correct_values", "total_values")), kind="wrap",
+              when=has(f"{_HELPER}.save_metrics_to_tracker")),
+    ),
+    doc="CPU-only shims so tiny Megatron-Core models run forward and backward without CUDA",
+)  # fmt: skip
+
+
+def cpu_patched(registry: patchreg.Registry | None = None) -> patchreg.Patched:
+    """``with cpu_patched():`` (or ``@cpu_patched()``): the CPU shims for the duration of a block."""
+    return (registry if registry is not None else patchreg.registry).patched(CPU_SET)
