@@ -26,8 +26,13 @@ def pytest_configure(config: Any) -> None:
     config.addinivalue_line("markers", f"{_MARK}: the test may leave patches active in patchreg.registry")
 
 
-def _snapshot() -> dict[tuple[str, str, str], int]:
-    return {(e.patch, e.holder, e.attr): e.count for e in default_registry.active()}
+def _snapshot() -> dict[tuple[str, str, str, str], int]:
+    """Users per active install; a pending (lazy) install counts as one."""
+    snap: dict[tuple[str, str, str, str], int] = {}
+    for e in default_registry.active():
+        key = (e.patch, e.holder, e.attr, e.state)
+        snap[key] = snap.get(key, 0) + max(e.count, 1)
+    return snap
 
 
 @pytest.fixture
@@ -45,7 +50,11 @@ def _patchreg_leak_guard(request: Any) -> Iterator[None]:
     if request.node.get_closest_marker(_MARK) is not None:
         return
     after = _snapshot()
-    leaked = sorted(f"{p} on {h}.{a} (count {n})" for (p, h, a), n in after.items() if n > before.get((p, h, a), 0))
+    leaked = sorted(
+        f"{p} on {h}.{a} ({state}, count {n})"
+        for (p, h, a, state), n in after.items()
+        if n > before.get((p, h, a, state), 0)
+    )
     if leaked:
         default_registry.revert_all()
         pytest.fail(

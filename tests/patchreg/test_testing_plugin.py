@@ -1,0 +1,160 @@
+"""The pytest plugin (patchreg.testing): the patch_registry fixture, the leak guard and its opt-out marker."""
+
+from __future__ import annotations
+
+import pytest
+
+import patchreg
+
+pytest_plugins = ["pytester"]
+
+HEADER = """
+import pytest
+import patchreg
+from patchreg import Patch, Registry
+
+class Thing:
+    def hello(self):
+        return "hello"
+
+HELLO = Patch("loud-hello", f"{__name__}:Thing.hello", lambda self: "HELLO")
+"""
+
+
+@pytest.fixture(autouse=True)
+def _default_registry_starts_empty() -> None:
+    """Inner sessions share this process's default registry; start each test with it empty."""
+    assert patchreg.registry.active() == ()
+
+
+def test_patch_registry_is_fresh_per_test_and_reverted_after(pytester: pytest.Pytester) -> None:
+    """Each test gets its own empty Registry, and what it leaves there is reverted after the test."""
+    pytester.makepyfile(
+        HEADER
+        + '''
+seen = []
+
+def test_first(patch_registry):
+    """Leaves a patch in the fixture's registry."""
+    assert isinstance(patch_registry, Registry) and patch_registry.active() == ()
+    patch_registry.apply(HELLO)
+    assert Thing().hello() == "HELLO"
+    seen.append(patch_registry)
+
+def test_second(patch_registry):
+    """Sees the original back and a different registry."""
+    assert Thing().hello() == "hello"
+    assert patch_registry is not seen[0] and patch_registry.active() == ()
+'''
+    )
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=2)
+
+
+def test_leak_guard_fails_a_test_that_leaves_patches_active(pytester: pytest.Pytester) -> None:
+    """A test leaving a patch in patchreg.registry errors with the patch named, and the patch is reverted."""
+    pytester.makepyfile(
+        HEADER
+        + '''
+def test_leaks():
+    """Forgets to revert."""
+    patchreg.apply(HELLO)
+
+def test_after():
+    """Runs with the leaked patch already reverted."""
+    assert Thing().hello() == "hello"
+    assert patchreg.registry.active() == ()
+'''
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*test left patches active in patchreg.registry: loud-hello on test_leak_guard_fails*.Thing.hello "
+            "(active, count 1). Revert them (use `with patchreg.patched(...)`), or mark the test "
+            "@pytest.mark.patchreg_leaks_ok.*",
+            "ERROR *test_leaks*",
+        ]
+    )
+
+
+def test_leak_guard_accepts_tests_that_revert(pytester: pytest.Pytester) -> None:
+    """Tests that use patched(), or apply then revert, pass without a leak report."""
+    pytester.makepyfile(
+        HEADER
+        + '''
+def test_block():
+    """A with block reverts."""
+    with patchreg.patched(HELLO):
+        assert Thing().hello() == "HELLO"
+
+def test_apply_revert():
+    """An explicit revert of the report."""
+    report = patchreg.apply(HELLO)
+    patchreg.revert(report)
+'''
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+    assert "test left patches active" not in result.stdout.str()
+
+
+def test_opt_out_marker_is_registered_and_skips_the_guard(pytester: pytest.Pytester) -> None:
+    """@pytest.mark.patchreg_leaks_ok passes under --strict-markers and leaves the patch active."""
+    pytester.makepyfile(
+        HEADER
+        + '''
+@pytest.mark.patchreg_leaks_ok
+def test_means_to_leak():
+    """Leaves the patch on purpose."""
+    patchreg.apply(HELLO)
+'''
+    )
+    try:
+        result = pytester.runpytest("-p", "no:cacheprovider", "--strict-markers")
+        result.assert_outcomes(passed=1)
+        assert [e.patch for e in patchreg.registry.active()] == ["loud-hello"]
+    finally:
+        patchreg.registry.revert_all()
+
+
+def test_patches_active_before_the_test_are_not_blamed(pytester: pytest.Pytester) -> None:
+    """A patch applied by a module-scoped fixture is not a leak of the tests that run while it is held."""
+    pytester.makepyfile(
+        HEADER
+        + '''
+@pytest.fixture(scope="module")
+def held():
+    with patchreg.patched(HELLO):
+        yield
+
+def test_one(held):
+    """Runs under the module fixture's patch."""
+    assert Thing().hello() == "HELLO"
+
+def test_two(held):
+    """So does this one."""
+    assert Thing().hello() == "HELLO"
+'''
+    )
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=2)
+
+
+def test_plugin_can_be_disabled(pytester: pytest.Pytester) -> None:
+    """`-p no:patchreg` turns the plugin off: no leak guard and no fixture."""
+    pytester.makepyfile(
+        HEADER
+        + '''
+def test_leaks():
+    """Nobody checks."""
+    patchreg.apply(HELLO)
+
+def test_fixture(patch_registry):
+    """The fixture is not there."""
+'''
+    )
+    try:
+        result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:patchreg")
+        result.assert_outcomes(passed=1, errors=1)
+        result.stdout.fnmatch_lines(["*fixture 'patch_registry' not found*"])
+    finally:
+        patchreg.registry.revert_all()
