@@ -11,6 +11,7 @@ import functools
 import hashlib
 import importlib.metadata
 import logging
+import os
 import sys
 import threading
 import time
@@ -40,6 +41,8 @@ log = logging.getLogger("patchreg")
 
 #: One lock for every registry: they all write the same namespaces.
 _LOCK = threading.RLock()
+if hasattr(os, "register_at_fork"):  # a fork waits out any apply/revert in flight; the child's lock is free
+    os.register_at_fork(before=_LOCK.acquire, after_in_parent=_LOCK.release, after_in_child=_LOCK.release)
 _IMMUTABLE_TYPE = 1 << 8  # Py_TPFLAGS_IMMUTABLETYPE
 
 F = TypeVar("F", bound=Callable[..., Any])
