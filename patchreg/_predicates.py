@@ -34,6 +34,7 @@ __all__ = [
 ]
 
 _CACHE: dict[Predicate, Answer] = {}
+_ON_REFRESH: list[Callable[[], None]] = []
 
 
 @attrs.frozen
@@ -54,6 +55,13 @@ def refresh() -> None:
     """Forget every cached predicate answer and importlib's caches (after installs or upgrades)."""
     _CACHE.clear()
     importlib.invalidate_caches()
+    for hook in _ON_REFRESH:
+        hook()
+
+
+def on_refresh(hook: Callable[[], None]) -> None:
+    """Call ``hook`` whenever :func:`refresh` runs (engine caches register here)."""
+    _ON_REFRESH.append(hook)
 
 
 class Predicate:

@@ -51,29 +51,24 @@ class Backup:
     __slots__ = ("__weakref__", "_store")
 
     def __init__(self) -> None:
+        # id(holder) -> (weak reference, stack); an emptied stack is kept until the holder dies
         self._store: dict[int, tuple[weakref.ref[Any], list[Any]]] = {}
 
     def push(self, holder: Any, original: Any) -> None:
         """Keep ``original`` as what ``holder`` had before the patch."""
-        key = id(holder)
-        entry = self._store.get(key)
+        entry = self._store.get(id(holder))
         if entry is None or entry[0]() is not holder:
-            entry = self._store[key] = (weakref.ref(holder, self._forget), [])
+            entry = self._store[id(holder)] = (weakref.ref(holder, self._forget), [])
         entry[1].append(original)
 
     def pop(self, holder: Any) -> Any:
         """Take back the most recent original of ``holder``."""
-        key = id(holder)
-        _ref, stack = self._store[key]
-        original = stack.pop()
-        if not stack:
-            del self._store[key]
-        return original
+        return self._store[id(holder)][1].pop()
 
     def get(self, holder: Any, default: Any = None) -> Any:
         """The most recent original of ``holder`` (``ABSENT`` if it had none), or ``default``."""
         entry = self._store.get(id(holder))
-        if entry is None or entry[0]() is not holder:
+        if entry is None or not entry[1] or entry[0]() is not holder:
             return default
         return entry[1][-1]
 
@@ -84,10 +79,10 @@ class Backup:
 
     def __contains__(self, holder: object) -> bool:
         entry = self._store.get(id(holder))
-        return entry is not None and entry[0]() is holder
+        return entry is not None and bool(entry[1]) and entry[0]() is holder
 
     def __len__(self) -> int:
-        return sum(1 for ref, _ in self._store.values() if ref() is not None)
+        return sum(1 for ref, stack in list(self._store.values()) if stack and ref() is not None)
 
     def __repr__(self) -> str:
         return f"<Backup of {len(self)} object(s)>"

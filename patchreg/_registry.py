@@ -24,7 +24,7 @@ import attrs
 import wrapt
 
 from patchreg._format import table
-from patchreg._predicates import distributions
+from patchreg._predicates import distributions, on_refresh
 from patchreg._records import ABSENT, Installed, Patch, PatchSet, Report
 from patchreg._targets import Miss, Site
 from patchreg.exceptions import (
@@ -282,7 +282,7 @@ class Registry:
                 skipped.append((patch.name, found.reason))
                 continue
             for site in found:
-                _check_patchable(patch, site)
+                _check_patchable(patch, site.holder, site.attr)
             plan.append((patch, found))
         return plan, skipped
 
@@ -297,21 +297,24 @@ class Registry:
             raise TargetNotFoundError(msg, target=name)
 
     def _take(self, patch: Patch, found: Site, claim: _Claim) -> int:
-        """Count a user of ``patch`` on ``found``, installing it if it is the first; 1 if installed."""
-        holder, attr = found.holder, found.attr
-        site = self._sites.get((id(holder), attr))
-        if site is not None and site.ref() is not holder:
-            self._drop(site.key)
-            site = None
-        if site is not None:
+        """Count a user of ``patch`` on ``found``, installing it if it is the first; 1 if installed.
+
+        Sites stay in the registry while their holder lives (weakly), so re-applying is cheap.
+        """
+        holder, attr = found
+        key = (id(holder), attr)
+        site = self._sites.get(key)
+        if site is None or site.ref() is not holder:
+            if site is not None:
+                self._drop(key)
+            site = self._sites[key] = _Site(holder, attr, _kind_of(holder), self._dead.append)
+        elif site.layers:
             for layer in site.layers:
                 if layer.patch is patch:
                     layer.count += 1
                     claim.layers.append(layer)
                     return 0
             _check_compatible(patch, site)
-        else:
-            site = _Site(holder, attr, _kind_of(holder), self._on_death())
         self._install(patch, site, holder, claim)
         return 1
 
@@ -326,9 +329,9 @@ class Registry:
         patch.backup.push(holder, original)
         layer = _Layer(patch, site, value, time.time())
         site.layers.append(layer)
-        self._sites[site.key] = site
         claim.layers.append(layer)
-        log.debug("patchreg: installed %s on %s.%s", patch.name, site.label, site.attr)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("patchreg: installed %s on %s.%s", patch.name, site.label, site.attr)
 
     def _on_death(self) -> Callable[[Any], None]:
         # Only records the death: the callback may run inside a locked section (gc), so the
@@ -395,12 +398,15 @@ class Registry:
         layers = [layer for layer in reversed(claim.layers) if layer.count > 0 and layer.site.ref() is not None]
         _check_release(layers)
         restored = 0
-        for layer in layers:  # each step restores before it forgets: an interrupt loses nothing
-            if layer.count == 1:
-                self._uninstall(layer)
-                restored += 1
-            layer.count -= 1
-            claim.layers.remove(layer)  # a retry after an interrupt releases only the rest
+        taken = claim.layers
+        for i in range(len(taken) - 1, -1, -1):  # last taken first
+            layer = taken[i]
+            if layer.count > 0 and layer.site.ref() is not None:
+                if layer.count == 1:  # restore before forgetting: an interrupt loses nothing
+                    self._uninstall(layer)
+                    restored += 1
+                layer.count -= 1
+            del taken[i]  # a retry after an interrupt releases only the rest
         claim.released = True
         return restored
 
@@ -414,9 +420,8 @@ class Registry:
             _write(site, holder, original)
         layer.patch.backup.pop(holder)
         site.layers.pop()
-        if not site.layers:
-            self._sites.pop(site.key, None)
-        log.debug("patchreg: restored %s.%s (%s)", site.label, site.attr, layer.patch.name)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("patchreg: restored %s.%s (%s)", site.label, site.attr, layer.patch.name)
 
     def revert_all(self) -> int:
         """Restore every original this registry displaced (top layers first); return how many."""
@@ -494,7 +499,7 @@ class Registry:
                 except PatchConflictError as exc:
                     return "conflict", str(exc)
         try:
-            _check_patchable(patch, hit)
+            _check_patchable(patch, hit.holder, hit.attr)
         except UnpatchableTargetError as exc:
             return "error", str(exc)
         return "install", answer_reason(patch)
@@ -532,7 +537,7 @@ class Registry:
 
     def __repr__(self) -> str:
         with _LOCK:
-            sites = [s for s in self._sites.values() if s.ref() is not None]
+            sites = [s for s in self._sites.values() if s.layers and s.ref() is not None]
             n = sum(len(s.layers) for s in sites)
         return f"<patchreg.Registry {self.name!r}: {n} active install(s) on {len(sites)} attribute(s)>"
 
@@ -586,9 +591,8 @@ class Patched:
 # -- checks and namespace writes ------------------------------------------------------------
 
 
-def _check_patchable(patch: Patch, site: Site) -> None:
+def _check_patchable(patch: Patch, holder: Any, attr: str) -> None:
     """Refuse, before any change, what cannot be installed and restored exactly."""
-    holder, attr = site.holder, site.attr
     if isinstance(holder, type) and holder.__flags__ & _IMMUTABLE_TYPE:
         msg = (
             f"Cannot patch {holder.__qualname__}.{attr} (target {str(patch.where)!r}): {holder.__qualname__} is an "
@@ -596,19 +600,29 @@ def _check_patchable(patch: Patch, site: Site) -> None:
         )
         raise UnpatchableTargetError(msg, patch=patch, target=patch.target)
     if not isinstance(holder, (type, types.ModuleType)):
-        _check_instance_holder(patch, holder, attr)
+        if not isinstance(getattr(holder, "__dict__", None), dict):
+            msg = (
+                f"Cannot patch {attr!r} on a {type(holder).__qualname__} instance (target {str(patch.where)!r}): it "
+                "has no __dict__ (__slots__); patch the class with an import path instead."
+            )
+            raise UnpatchableTargetError(msg, patch=patch, target=patch.target)
+        if not _verified(type(holder), attr):
+            _check_instance_class(patch, type(holder), attr)
     if patch.kind == "wrap":
         _check_wrappable(patch, holder, attr)
 
 
-def _check_instance_holder(patch: Patch, holder: Any, attr: str) -> None:
-    cls = type(holder)
-    if not isinstance(getattr(holder, "__dict__", None), dict):
-        msg = (
-            f"Cannot patch {attr!r} on a {cls.__qualname__} instance (target {str(patch.where)!r}): it has no "
-            "__dict__ (__slots__); patch the class with an import path instead."
-        )
-        raise UnpatchableTargetError(msg, patch=patch, target=patch.target)
+#: Classes whose instances were found patchable for an attribute: id(cls) -> (weakref, {attr}).
+#: Cleared by patchreg.refresh() (after changing a class's descriptors).
+_VERIFIED: dict[int, tuple[weakref.ref[type], set[str]]] = {}
+
+
+def _verified(cls: type, attr: str) -> bool:
+    entry = _VERIFIED.get(id(cls))
+    return entry is not None and attr in entry[1] and entry[0]() is cls
+
+
+def _check_instance_class(patch: Patch, cls: type, attr: str) -> None:
     if not cls.__weakrefoffset__:
         msg = (
             f"Cannot patch {attr!r} on a {cls.__qualname__} instance (target {str(patch.where)!r}): it does not "
@@ -623,6 +637,17 @@ def _check_instance_holder(patch: Patch, holder: Any, attr: str) -> None:
             f"patch the class with '{cls.__module__}:{cls.__qualname__}.{attr}'."
         )
         raise UnpatchableTargetError(msg, patch=patch, target=patch.target)
+    entry = _VERIFIED.get(id(cls))
+    if entry is None or entry[0]() is not cls:
+        entry = _VERIFIED[id(cls)] = (weakref.ref(cls), set())
+    entry[1].add(attr)
+
+
+def _forget_verified() -> None:
+    _VERIFIED.clear()
+
+
+on_refresh(_forget_verified)
 
 
 def _check_wrappable(patch: Patch, holder: Any, attr: str) -> None:

@@ -11,7 +11,7 @@ import re
 import sys
 import types
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 
@@ -28,8 +28,7 @@ _INDEX = re.compile(r"\[(\*|-?[0-9]+)\]")
 DEFAULT_UNWRAP = ("module", "language_model")
 
 
-@attrs.frozen
-class Site:
+class Site(NamedTuple):
     """One attribute on one holder: where an install happens."""
 
     holder: Any
