@@ -109,6 +109,9 @@ class MTPReport:
     def __init__(self, report: patchreg.Report, detach_encoder: bool) -> None:
         self.report = report
         self.detach_encoder = detach_encoder
+        self.active = True
+        self._entries = report.entries  # snapshots: the engine's report empties as the block reverts
+        self._text = str(report)
         self._losses: tuple[Any, ...] = ()
 
     @property
@@ -123,8 +126,8 @@ class MTPReport:
 
     @property
     def entries(self) -> tuple[patchreg.Installed, ...]:
-        """The installs this block holds."""
-        return self.report.entries
+        """The installs this block held when it was entered."""
+        return self._entries
 
     @property
     def mtp_losses(self) -> tuple[float, ...]:
@@ -140,9 +143,10 @@ class MTPReport:
         self._losses = losses
 
     def __str__(self) -> str:
-        head = f"mtp_patched(detach_encoder={self.detach_encoder}) on megatron-core {mcore_version()}"
+        state = "active" if self.active else "reverted"
+        head = f"mtp_patched(detach_encoder={self.detach_encoder}) on megatron-core {mcore_version()} ({state})"
         losses = ", ".join(f"depth {i + 1}: {loss:.4f}" for i, loss in enumerate(self.mtp_losses))
-        return "\n".join([head, str(self.report), f"  mtp losses (last step): {losses or 'none yet'}"])
+        return "\n".join([head, self._text, f"  mtp losses (last step): {losses or 'none yet'}"])
 
     def __repr__(self) -> str:
         return f"<MTPReport detach_encoder={self.detach_encoder} {self.report!r} mtp_losses={self.mtp_losses}>"
@@ -225,6 +229,7 @@ class mtp_patched:  # noqa: N801 - used like a function: ``with mtp_patched(mode
             if not reports:
                 sinks.pop(model, None)
         block.__exit__(*exc)
+        mtp_report.active = False
 
     def __call__(self, func: F) -> F:
         @functools.wraps(func)

@@ -1,0 +1,335 @@
+"""mtp_patched on a tiny real GPTModel: logits, MTP gradients and losses against the independent reference."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from typing import Any
+
+import pytest
+
+pytest.importorskip("megatron.core", reason="megatron-core is not installed")
+
+import torch  # noqa: E402
+
+import patchreg  # noqa: E402
+from patches.megatron import (  # noqa: E402
+    MTPConflictError,
+    UnsupportedModelError,
+    cpu_patched,
+    mtp_patched,
+)
+from patches.megatron._compat import call_kwargs  # noqa: E402
+from patches.megatron.errors import MissingUpstreamArgumentError  # noqa: E402
+from patches.megatron.mtp import CHECKPOINTED_FORWARD, MTP_SET  # noqa: E402
+from tests.megatron.conftest import (  # noqa: E402
+    MCORE,
+    build_gpt,
+    make_batch,
+    mtp_params,
+    record_measurement,
+    reference,
+    rel_err,
+    trunk_params,
+    unwrap,
+)
+
+
+def patched_step(model: Any, batch: Any, detach: bool, **kwargs: Any) -> tuple[Any, Any]:
+    """Logits and report of one patched forward, and the MTP loss alone backpropagated (main loss x 0)."""
+    unwrap(model).zero_grad(set_to_none=True)
+    with mtp_patched(model, detach_encoder=detach) as report:
+        logits = model(*batch.args(), **batch.kwargs(), **kwargs)
+        (logits * 0).sum().backward()
+    return logits, report
+
+
+def reference_grads(model: Any, batch: Any) -> tuple[Any, dict[str, Any]]:
+    """The reference and the gradient of its MTP loss for every parameter."""
+    ref = reference(model, batch)
+    params = {**mtp_params(model), **trunk_params(model)}
+    grads = torch.autograd.grad(ref.mtp_loss, list(params.values()), allow_unused=True)
+    return ref, {n: (g if g is not None else torch.zeros_like(p)) for (n, p), g in zip(params.items(), grads)}
+
+
+def grad_of(param: Any) -> Any:
+    return param.grad if param.grad is not None else torch.zeros_like(param)
+
+
+@pytest.mark.parametrize("detach", [False, True], ids=["trunk", "detached"])
+def test_logits_equal_upstream_main_head(detach: bool) -> None:
+    """The patched model returns [b, s, vocab] logits bit-equal to the upstream main head's."""
+    model, batch = build_gpt(), make_batch()
+    ref = reference(model, batch)
+    logits, _ = patched_step(model, batch, detach)
+    assert logits.shape == (2, 8, 64)
+    assert torch.equal(logits, ref.logits)
+    record_measurement("logits max abs diff", float((logits - ref.logits).abs().max().detach()))
+
+
+@pytest.mark.parametrize("depth", [1, 2], ids=["mtp1", "mtp2"])
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+@pytest.mark.parametrize("detach", [False, True], ids=["trunk", "detached"])
+def test_mtp_gradients_match_reference(detach: bool, tied: bool, depth: int) -> None:
+    """MTP-layer gradients match the reference within 1e-5; trunk gradients are zero iff detached."""
+    model, batch = build_gpt(tied=tied, mtp_num_layers=depth), make_batch()
+    _, want = reference_grads(model, batch)
+    _, report = patched_step(model, batch, detach)
+    worst = 0.0
+    for name, param in mtp_params(model).items():
+        assert rel_err(grad_of(param), want[name]) <= 1e-5, name
+        worst = max(worst, float((grad_of(param) - want[name]).abs().max()))
+    record_measurement(f"mtp grad max abs diff (detach={detach}, tied={tied}, depth={depth})", worst)
+    for name, param in trunk_params(model).items():
+        if detach:
+            assert param.grad is None or torch.count_nonzero(param.grad) == 0, name
+        else:
+            assert rel_err(grad_of(param), want[name]) <= 1e-5, name
+    if not detach:
+        assert any(torch.count_nonzero(grad_of(p)) for p in trunk_params(model).values())
+    assert len(report.mtp_losses) == depth
+
+
+def test_report_carries_per_depth_losses_and_tracker_gets_them() -> None:
+    """report.mtp_losses equals the reference per depth, and Megatron-Core's tracker holds them in training."""
+    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
+    model, batch = build_gpt(mtp_num_layers=2), make_batch()
+    ref = reference(model, batch)
+    MTPLossLoggingHelper.tracker.clear()
+    _, report = patched_step(model, batch, detach=True)
+    assert report.mtp_losses == pytest.approx([float(x.detach()) for x in ref.depth_losses], rel=1e-5)
+    tracked = MTPLossLoggingHelper.tracker.get("values", MTPLossLoggingHelper.tracker.get("loss_values"))
+    assert tracked.tolist() == pytest.approx(list(report.mtp_losses), rel=1e-6)
+    assert "depth 2:" in str(report)
+
+
+def test_eval_mode_leaves_the_tracker_alone() -> None:
+    """In eval mode the MTP loss is still computed for the report, but nothing is logged to the tracker."""
+    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
+    model, batch = build_gpt(), make_batch()
+    model.eval()
+    MTPLossLoggingHelper.tracker.clear()
+    with torch.no_grad(), mtp_patched(model) as report:
+        model(*batch.args(), **batch.kwargs())
+    assert len(report.mtp_losses) == 1
+    assert "values" not in MTPLossLoggingHelper.tracker and "loss_values" not in MTPLossLoggingHelper.tracker
+
+
+@pytest.mark.parametrize("detach", [False, True], ids=["trunk", "detached"])
+def test_all_masked_batch_gives_finite_zero_mtp_loss(detach: bool) -> None:
+    """An all-masked loss_mask gives an MTP loss of exactly zero and zero, finite gradients."""
+    model, batch = build_gpt(), make_batch(masked="all")
+    _, report = patched_step(model, batch, detach)
+    assert report.mtp_losses == (0.0,)
+    for name, param in unwrap(model).named_parameters():
+        assert param.grad is None or torch.count_nonzero(param.grad) == 0, name
+
+
+def test_per_token_loss_renormalises_against_the_main_token_count() -> None:
+    """With calculate_per_token_loss the MTP gradient is the reference's times the unrolled token count."""
+    model, batch = build_gpt(calculate_per_token_loss=True), make_batch()
+    _, want = reference_grads(model, batch)
+    patched_step(model, batch, detach=True)
+    tokens = batch.loss_mask.sum()
+    for name, param in mtp_params(model).items():
+        assert rel_err(grad_of(param), want[name] * tokens) <= 1e-5, name
+
+
+def test_labels_none_returns_logits_and_runs_no_mtp() -> None:
+    """Without labels the patched model returns the same logits and computes no MTP loss."""
+    model, batch = build_gpt(), make_batch()
+    ref = reference(model, batch)
+    with mtp_patched(model) as report:
+        logits = model(*batch.args())
+    assert torch.equal(logits, ref.logits)
+    assert report.mtp_losses == ()
+
+
+def test_nested_twice_then_exit_restores_upstream_exactly() -> None:
+    """Nested mtp_patched on one model installs once; afterwards vars(), outputs and refcount freeing are upstream."""
+    model, batch = build_gpt(mtp_num_layers=2), make_batch()
+    modules = [unwrap(model), *unwrap(model).mtp.layers]
+    before = [dict(vars(m)) for m in modules]
+    upstream_loss = model(*batch.args(), **batch.kwargs())
+    with mtp_patched(model, detach_encoder=True) as outer:
+        with mtp_patched(model, detach_encoder=True) as inner:
+            assert inner.installed == 0 and outer.installed > 0
+            model(*batch.args(), **batch.kwargs())
+        assert patchreg.registry.is_active("postprocess_detached", model)
+    assert not patchreg.registry.is_active("postprocess_detached", model)
+    for module, snap in zip(modules, before):
+        now = vars(module)
+        assert now.keys() == snap.keys() and all(now[k] is snap[k] for k in snap)
+    assert torch.equal(model(*batch.args(), **batch.kwargs()), upstream_loss)
+    ref = weakref.ref(model)
+    del model, modules, before, outer, inner, now, snap, module
+    gc.disable()
+    try:
+        assert ref() is None
+    finally:
+        gc.enable()
+
+
+def test_nesting_with_the_other_detach_mode_is_refused() -> None:
+    """Entering detach_encoder=False inside detach_encoder=True on one model raises MTPConflictError."""
+    model = build_gpt()
+    with mtp_patched(model, detach_encoder=True):
+        with pytest.raises(MTPConflictError, match="detach_encoder"):
+            with mtp_patched(model, detach_encoder=False):
+                pass
+        assert patchreg.registry.is_active("postprocess_detached", model)
+
+
+class ModuleWrapper(torch.nn.Module):
+    """A DDP/Float16Module-style wrapper: the model lives in ``.module``."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+
+class VisionLanguage(torch.nn.Module):
+    """A VLM-style holder: the GPTModel lives in ``.language_model``."""
+
+    def __init__(self, language_model: torch.nn.Module) -> None:
+        super().__init__()
+        self.language_model = language_model
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.language_model(*args, **kwargs)
+
+
+@pytest.mark.parametrize("wrap", [lambda m: ModuleWrapper(ModuleWrapper(m)), VisionLanguage], ids=["module", "vlm"])
+def test_wrapped_models_are_patched_inside(wrap: Any) -> None:
+    """A .module chain or a .language_model holder gets the same logits and MTP gradients as the bare model."""
+    model, batch = wrap(build_gpt()), make_batch()
+    ref, want = reference_grads(model, batch)
+    logits, report = patched_step(model, batch, detach=True)
+    assert torch.equal(logits, ref.logits)
+    assert report.installed >= 2
+    for name, param in mtp_params(model).items():
+        assert rel_err(grad_of(param), want[name]) <= 1e-5, name
+
+
+def test_list_of_two_chunks() -> None:
+    """A list of two model chunks: every chunk's _postprocess is patched, MTP layers where they exist."""
+    first = build_gpt(mtp=False, seed=1, post_process=False)
+    second, batch = build_gpt(seed=2), make_batch()
+    ref, want = reference_grads(second, batch)
+    with mtp_patched([first, second], detach_encoder=True) as report:
+        assert patchreg.registry.is_active("postprocess_detached", first)
+        assert patchreg.registry.is_active("detach_embeddings", second)
+        second.zero_grad(set_to_none=True)
+        logits = second(*batch.args(), **batch.kwargs())
+        (logits * 0).sum().backward()
+    assert torch.equal(logits, ref.logits)
+    assert report.mtp_losses and not patchreg.registry.is_active("postprocess_detached", first)
+    for name, param in mtp_params(second).items():
+        assert rel_err(grad_of(param), want[name]) <= 1e-5, name
+
+
+def test_decorator_form_patches_only_during_the_call() -> None:
+    """@mtp_patched(model) patches for the decorated call only."""
+    model, batch = build_gpt(), make_batch()
+
+    @mtp_patched(model, detach_encoder=True)
+    def step() -> Any:
+        assert patchreg.registry.is_active("postprocess_detached", model)
+        return model(*batch.args(), **batch.kwargs())
+
+    assert step().shape == (2, 8, 64)
+    assert not patchreg.registry.is_active("postprocess_detached", model)
+
+
+def test_report_prints_installed_and_skipped_with_reasons() -> None:
+    """The report names every patch of the set as held or skipped, with this release's reason."""
+    from patches.megatron import MTP_DETACH_SET
+
+    model = build_gpt()
+    with cpu_patched(), mtp_patched(model, detach_encoder=True) as report:
+        text = str(report)
+    names = {e.patch for e in report.entries} | {name for name, _ in report.skipped}
+    assert names == set(MTP_DETACH_SET.names)
+    assert all(reason for _, reason in report.skipped)
+    assert "megatron-core" in text and "postprocess_detached" in text
+
+
+def test_non_gpt_model_is_refused_with_the_remedy() -> None:
+    """Passing something that holds no GPTModel raises UnsupportedModelError naming the type."""
+    with pytest.raises(UnsupportedModelError, match="Linear"):
+        with mtp_patched(torch.nn.Linear(2, 2)):
+            pass
+
+
+RECOMPUTE = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+
+
+def full_step(model: Any, batch: Any, detach: bool) -> dict[str, Any]:
+    """Gradients of a PPO-like main loss plus the MTP loss, under mtp_patched."""
+    unwrap(model).zero_grad(set_to_none=True)
+    with mtp_patched(model, detach_encoder=detach):
+        logits = model(*batch.args(), **batch.kwargs())
+        (logits.float().log_softmax(-1).amax(-1) * batch.loss_mask).mean().backward()
+    return {n: grad_of(p).clone() for n, p in unwrap(model).named_parameters()}
+
+
+@pytest.mark.parametrize("detach", [False, True], ids=["trunk", "detached"])
+def test_recompute_gives_the_same_gradients(detach: bool) -> None:
+    """recompute_granularity='full' gives the gradients of no recompute (patched where upstream is broken)."""
+    from megatron.core.transformer.multi_token_prediction import MultiTokenPredictionLayer
+
+    if not hasattr(MultiTokenPredictionLayer, "_checkpointed_forward"):
+        pytest.skip(f"megatron-core {MCORE} has no MTP recompute")
+    batch = make_batch()
+    want = full_step(build_gpt(mtp_num_layers=2), batch, detach)
+    recomputed = build_gpt(mtp_num_layers=2, **RECOMPUTE)
+    got = full_step(recomputed, batch, detach)
+    for name, grad in want.items():
+        assert rel_err(got[name], grad) <= 1e-6, name
+    assert any(torch.count_nonzero(g) for n, g in got.items() if n.startswith("mtp."))
+    record_measurement(f"recompute max abs grad diff (detach={detach})", max(float((got[n] - g).abs().max()) for n, g in want.items()))
+
+
+def test_recompute_without_the_patch_fails_where_upstream_is_broken() -> None:
+    """On 0.18.x upstream MTP recompute raises TypeError (padding_mask); the checkpoint patch is what fixes it."""
+    ok, reason = CHECKPOINTED_FORWARD.when.evaluate()
+    if not ok or "TypeError" not in reason:
+        pytest.skip(f"upstream MTP recompute does not raise on megatron-core {MCORE}")
+    model, batch = build_gpt(**RECOMPUTE), make_batch()
+    with patchreg.patched(MTP_SET.without("checkpointed_forward"), model):
+        with pytest.raises(TypeError, match="padding_mask"):
+            model(*batch.args(), **batch.kwargs())
+
+
+def test_output_processor_is_handed_over_as_upstream_does() -> None:
+    """A user output_processor gets upstream's keywords and decides the result, as in unpatched 0.18+."""
+    from megatron.core.models.gpt.gpt_model import GPTModel
+
+    if "output_processor" not in GPTModel._postprocess.__code__.co_varnames:
+        pytest.skip(f"megatron-core {MCORE} has no output_processor")
+    model, batch = build_gpt(), make_batch()
+    seen: list[dict[str, Any]] = []
+
+    def processor(**kwargs: Any) -> Any:
+        seen.append(kwargs)
+        return kwargs["hidden_states"] * 2
+
+    upstream_out = model(*batch.args(), **batch.kwargs(), output_processor=processor, output_processor_context="c")
+    with mtp_patched(model) as report:
+        patched_out = model(*batch.args(), **batch.kwargs(), output_processor=processor, output_processor_context="c")
+    assert torch.equal(patched_out, upstream_out)
+    assert seen[0].keys() == seen[1].keys() and seen[1]["context"] == "c"
+    assert len(report.mtp_losses) == 1
+
+
+def test_a_required_upstream_argument_we_cannot_supply_is_named() -> None:
+    """Building a call to a real upstream function without its required argument raises, naming it."""
+    from megatron.core.transformer.multi_token_prediction import roll_tensor
+
+    with pytest.raises(MissingUpstreamArgumentError, match="'tensor'"):
+        call_kwargs(roll_tensor, {"shifts": -1})
