@@ -185,7 +185,7 @@ def _patches(target: object) -> tuple[str, tuple[Patch, ...]]:
     if isinstance(target, PatchSet):
         return target.name, target.patches
     if isinstance(target, (list, tuple)) and all(isinstance(p, Patch) for p in target):
-        return "patches", tuple(target)
+        return "patches", PatchSet("patches", target).patches  # the same checks as a set (unique names)
     msg = f"Expected a Patch or a PatchSet, got {target!r}; build one with Patch(...) or PatchSet(name, patches)."
     raise PatchDefinitionError(msg)
 

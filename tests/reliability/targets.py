@@ -85,3 +85,10 @@ class SlottedNoWeakref:
 
     def method(self) -> str:
         return "no-weakref"
+
+
+#: A module constant (not callable).
+CONSTANT = 41
+
+#: An instance reached by an import path (import paths patch modules and classes, not instances).
+LEAF = Leaf("module-level")

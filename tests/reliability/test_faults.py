@@ -56,7 +56,8 @@ def test_exception_inside_replacement(patch_registry: Registry, pristine: Check,
     """A replacement (or wrapper) that raises propagates its error and the block still restores everything."""
     body = raising(RuntimeError("inside replacement"))
     patches = PatchSet(
-        "s", [Patch("m", f"{T}:Child.method", body, kind=kind), Patch("f", f"{T}:module_func", plain(0))]  # type: ignore[arg-type]
+        "s",
+        [Patch("m", f"{T}:Child.method", body, kind=kind), Patch("f", f"{T}:module_func", plain(0))],  # type: ignore[arg-type]
     )
     with pytest.raises(RuntimeError, match="inside replacement"), patch_registry.patched(patches):
         targets.Child().method()
@@ -209,9 +210,7 @@ def test_interrupt_between_two_installs_of_a_set(patch_registry: Registry, exc: 
 
 
 @pytest.mark.parametrize(("attr", "exc"), [("first", KeyboardInterrupt), ("inherited", RuntimeError)])
-def test_interrupt_while_restoring_loses_nothing(
-    patch_registry: Registry, attr: str, exc: type[BaseException]
-) -> None:
+def test_interrupt_while_restoring_loses_nothing(patch_registry: Registry, attr: str, exc: type[BaseException]) -> None:
     """An interrupt while an original is being written back keeps the patch recorded so a retry restores it."""
     before = dict(vars(Guarded))
     patches = _guarded_set()
