@@ -13,6 +13,7 @@ import inspect
 import json
 import platform
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
@@ -25,7 +26,7 @@ from patchreg._predicates import distributions
 from patchreg._records import Patch
 from patchreg._registry import Registry
 from patchreg._targets import ImportPath
-from patchreg.exceptions import PatchError
+from patchreg.exceptions import PatchError, PatchWarning
 
 __all__ = ["Diagnosis", "diagnose", "run"]
 
@@ -66,12 +67,15 @@ def run(argv: Sequence[str] | None = None, *, finder: Finder | None = None, out:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version, or a usage error
         return exc.code if isinstance(exc.code, int) else USAGE
-    found = (finder or _default_finder)(tuple(args.module))
-    try:
-        status: int = args.command(args, found, out)
-    except UsageError as exc:
-        sys.stderr.write(f"patchreg {args.name}: {exc}\n")
-        return USAGE
+    with warnings.catch_warnings():  # libraries warn at import ("Apex is not installed"); keep ours
+        warnings.simplefilter("ignore")
+        warnings.simplefilter("default", PatchWarning)
+        found = (finder or _default_finder)(tuple(args.module))
+        try:
+            status: int = args.command(args, found, out)
+        except UsageError as exc:
+            sys.stderr.write(f"patchreg {args.name}: {exc}\n")
+            return USAGE
     return status
 
 
@@ -184,10 +188,24 @@ def _would_install(patch: Patch) -> tuple[bool, str]:
 
 
 def _versions(patch: Patch) -> dict[str, str]:
+    """Versions of the distributions the predicate requires and of those providing the modules it names."""
     names = set(distributions(patch.when))
-    if isinstance(patch.where, ImportPath):
-        names.update(_owners(patch.where.module.partition(".")[0]))
+    modules = [patch.where.module] if isinstance(patch.where, ImportPath) else []
+    for path in _paths(patch.when):
+        modules.append(path.partition(":")[0])
+    for module in modules:
+        names.update(_owners(module.partition(".")[0]))
     return {name: _version(name) for name in sorted(names)}
+
+
+def _paths(pred: Any) -> list[str]:
+    """The import paths named by ``has()`` and ``accepts()`` parts of a predicate (duck-typed walk)."""
+    path = getattr(pred, "path", None)
+    found = [path] if isinstance(path, str) else []
+    for part in (*getattr(pred, "parts", ()), getattr(pred, "part", None)):
+        if part is not None:
+            found += _paths(part)
+    return found
 
 
 _PACKAGES: dict[str, list[str]] = {}

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from patchreg.__main__ import main
 from patchreg._cli import run
@@ -59,10 +60,7 @@ def test_list_reports_a_module_that_cannot_be_imported() -> None:
     """A scanned module that does not exist is listed under 'not loaded', and list still succeeds."""
     status, out = cli("--module", "tests.patchreg.no_such_module", "list")
     assert status == 0
-    assert (
-        "not loaded:\n  module tests.patchreg.no_such_module is not installed"
-        in out
-    )
+    assert "not loaded:\n  module tests.patchreg.no_such_module is not installed" in out
 
 
 def test_doctor_all_installable_exits_zero_with_versions() -> None:
@@ -191,3 +189,23 @@ def test_python_dash_m_piped_output_is_plain_and_stable() -> None:
         "shout",
         "yes",
     ]
+
+
+def test_doctor_on_this_environment_lists_the_mtp_set() -> None:
+    """`doctor megatron-mtp` with the default discovery covers every MTP patch, with megatron-core's version."""
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed")
+    from patches.megatron import MTP_SET
+
+    out = io.StringIO()
+    status = run(["doctor", "--json", "megatron-mtp"], out=out)
+    rows = json.loads(out.getvalue())
+    assert [(r["set"], r["patch"]) for r in rows] == [("megatron-mtp", name) for name in MTP_SET.names]
+    assert all(r["reason"] for r in rows)
+    assert status == (0 if all(r["install"] for r in rows) else 1)
+    postprocess = rows[0]
+    mcore = importlib.metadata.version("megatron-core")
+    assert postprocess["patch"] == "postprocess"
+    assert postprocess["install"] is MTP_SET["postprocess"].when.evaluate().ok
+    assert postprocess["versions"] == {"megatron-core": mcore}
+    if Version(mcore) >= Version("0.19"):  # the release the project is developed on
+        assert postprocess["install"] is True
