@@ -14,9 +14,10 @@ BATCH = 2
 
 
 def init_parallel() -> None:
-    """A one-process gloo group and Megatron's model-parallel state (tp = pp = 1); idempotent."""
+    """A one-process gloo group, Megatron's model-parallel state (tp = pp = 1), one torch thread; idempotent."""
     from megatron.core import parallel_state
 
+    torch.set_num_threads(1)  # every side alike; a shared machine disturbs one thread less
     if not torch.distributed.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         if "MASTER_PORT" not in os.environ:
@@ -42,6 +43,8 @@ def build(mtp_layers: int = 1, *, seed: int = 0) -> Any:
         ffn_hidden_size=32,
         num_attention_heads=2,
         use_cpu_initialization=True,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
         mtp_num_layers=mtp_layers,
         mtp_loss_scaling_factor=0.1,
     )
@@ -57,12 +60,13 @@ def build(mtp_layers: int = 1, *, seed: int = 0) -> Any:
 
 
 def batch(seed: int = 0) -> dict[str, torch.Tensor]:
-    """Token ids, positions, labels and a loss mask for one step."""
+    """Token ids, positions, a causal mask (True = masked), labels and a loss mask for one step."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
     return {
         "input_ids": ids,
         "position_ids": torch.arange(SEQ).expand(BATCH, SEQ),
+        "attention_mask": torch.triu(torch.ones(SEQ, SEQ, dtype=torch.bool), diagonal=1)[None, None],
         "labels": torch.roll(ids, -1, dims=1),
         "loss_mask": torch.ones(BATCH, SEQ),
     }

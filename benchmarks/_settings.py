@@ -16,7 +16,8 @@ class Settings:
     call_ops: int = 20000
     warm_ops: int = 20000
     cycle_ops: int = 200
-    steps: int = 15
+    steps: int = 40
+    rss_steps: int = 20
     hygiene_models: int = 100
 
     @classmethod
@@ -34,5 +35,6 @@ class Settings:
             warm_ops=2000,
             cycle_ops=50,
             steps=3,
+            rss_steps=2,
             hygiene_models=10,
         )

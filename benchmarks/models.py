@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
+import os
+import subprocess
+import sys
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -265,6 +269,82 @@ def hygiene(settings: Settings) -> Section:
 # -- 5. training step -----------------------------------------------------------------------
 
 
+def _rss(side: str, steps: int) -> dict[str, Any]:
+    """Run one side's steps in a fresh interpreter; its peak RSS and median step time."""
+    cmd = [sys.executable, "-m", "benchmarks._worker", side, str(steps)]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}  # a port of its own
+    done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600, check=False)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        msg = f"the {side} worker failed (exit {done.returncode}): {tail}"
+        raise RuntimeError(msg)
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
 def training_step(settings: Settings) -> Section:
-    """Section 5: placeholder until cpu_patched lands."""
-    return Section(5, "Training step", notes=["pending"])
+    """Section 5: forward + backward inside mtp_patched vs with verl's patches; then peak RSS per side."""
+    from benchmarks import _step
+
+    section = Section(
+        5, "Training step (forward + backward, `detach_encoder=True`)", ("side", "step", "patchreg / side")
+    )
+    try:
+        verl, _ = load_verl()
+    except PeerUnavailable as exc:
+        section.notes.append(f"verl could not be measured: {exc}.")
+        section.checks.append(Check("training step vs verl", "-", "<= 1.02x", None))
+        return section
+    ours_model, batch = _step.model_and_batch()
+    once_model, _ = _step.model_and_batch()
+    verl_model, _ = _step.model_and_batch()
+    ours_name, once_name, verl_name = (
+        "patchreg, mtp_patched entered every step",
+        "patchreg, mtp_patched entered once",
+        "verl 0.9.1, patched once",
+    )
+    mtp = ours()
+    with _step.cpu_block(), _step.verl_applied(verl, verl_model), mtp.mtp_patched(once_model, detach_encoder=True):
+        variants = {
+            ours_name: looped(_step.ours_step(ours_model, batch)),
+            once_name: looped(_step.verl_step(once_model, batch)),
+            verl_name: looped(_step.verl_step(verl_model, batch)),
+        }
+        cmp = compare(variants, number=1, repeat=settings.steps, warmup=2)
+    ms = lambda s: f"{s.median / 1e6:.2f} ms ({s.min / 1e6:.2f}-{s.max / 1e6:.2f})"  # noqa: E731
+    for name in variants:
+        r = cmp.ratio(name, verl_name)
+        section.rows.append(
+            (name, ms(cmp.stats[name]), "-" if name == verl_name else f"{r.median:.3f}x ({r.min:.3f}-{r.max:.3f})")
+        )
+    for name, label in ((ours_name, "entered every step"), (once_name, "entered once")):
+        r = cmp.ratio(name, verl_name).median
+        section.checks.append(Check(f"training step vs verl, {label}", f"{r:.3f}x", "<= 1.02x", r <= 1.02))
+    try:
+        ours_rss = _rss("patchreg", settings.rss_steps)
+        verl_rss = _rss("verl", settings.rss_steps)
+    except (RuntimeError, subprocess.SubprocessError, OSError) as exc:
+        section.notes.append(f"Peak RSS not measured: {exc}.")
+        section.checks.append(Check("peak RSS vs verl", "-", "not higher", None))
+    else:
+        a, b = ours_rss["peak_rss_kib"], verl_rss["peak_rss_kib"]
+        section.rows += [
+            ("peak RSS, patchreg process", f"{a / 1024:.1f} MiB", f"{a / b:.4f}x"),
+            ("peak RSS, verl process", f"{b / 1024:.1f} MiB", "-"),
+        ]
+        section.checks.append(
+            Check("peak RSS vs verl (own process each)", f"{a / 1024:.1f} vs {b / 1024:.1f} MiB", "not higher", a <= b)
+        )
+    section.notes += [
+        "Both models are built with the same seed and configuration, dropout off, and run under the CPU shims "
+        "(`cpu_patched()`); the loss is cross-entropy on the returned logits, the MTP loss rides on the graph.",
+        "verl's patches are applied once for the whole run; our side is measured both ways: `mtp_patched` "
+        "entered and exited around every step (as an RL loop does) and entered once. The variants alternate "
+        f"step by step ({settings.steps} steps each); the ratio is the median of the per-step ratios. "
+        "torch runs one intra-op thread on every side.",
+        f"Peak RSS: each side in its own fresh `python -m benchmarks._worker` process ({settings.rss_steps} steps, "
+        "`ru_maxrss`), so one side's allocations cannot raise the other's peak.",
+    ]
+    return section
