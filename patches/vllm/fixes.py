@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from patchreg import Patch, PatchSet
-
 from patches.vllm._compat import LOSES_METRICS_ON_DELTA_MERGE
+from patchreg import Patch, PatchSet
 
 __all__ = ["SPEC_DECODE_METRICS_FIXES", "keep_spec_decode_metrics"]
 

@@ -136,9 +136,7 @@ def _normalise_method(value: object, name: str) -> str:
 
 def _check_num_tokens(value: object, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < 1:
-        msg = (
-            f"{name} must be an int >= 1 (not a bool, str or float), got {value!r} ({type(value).__name__})."
-        )
+        msg = f"{name} must be an int >= 1 (not a bool, str or float), got {value!r} ({type(value).__name__})."
         raise ValueError(msg)
     return int(value)
 
