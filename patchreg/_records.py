@@ -254,16 +254,31 @@ class Installed:
 
 @attrs.frozen(repr=False)
 class Report:
-    """What one ``apply`` did: ``installed`` (new installs), ``skipped`` ``(name, reason)`` pairs."""
+    """What one ``apply`` did: ``installed`` (new installs), ``skipped`` ``(name, reason)`` pairs.
 
-    name: str
-    installed: int
-    skipped: tuple[tuple[str, str], ...]
+    It stays readable after the block ends: ``entries`` then show count 0 and state "reverted".
+    """
+
     claim: _Claim = attrs.field(eq=False)
 
     @property
+    def name(self) -> str:
+        """The patch set's name."""
+        return self.claim.name
+
+    @property
+    def installed(self) -> int:
+        """How many installs this apply made (shared ones count 0)."""
+        return self.claim.installed
+
+    @property
+    def skipped(self) -> tuple[tuple[str, str], ...]:
+        """``(patch name, reason)`` for every patch this apply skipped."""
+        return self.claim.skipped
+
+    @property
     def entries(self) -> tuple[Installed, ...]:
-        """The installs this apply holds a reference on (new or shared)."""
+        """The installs this apply held a reference on (new or shared)."""
         return self.claim.entries()
 
     @property
@@ -273,17 +288,24 @@ class Report:
 
     @property
     def held(self) -> int:
-        """How many installs this apply holds a reference on (new or shared)."""
-        return len(self.claim.layers)
+        """How many installs this apply still holds a reference on."""
+        return self.claim.held()
+
+    @property
+    def reverted(self) -> bool:
+        """True once this apply's references were released."""
+        return self.claim.released
 
     def __repr__(self) -> str:
         return f"<Report {self.name!r}: {self.installed} installed, {self.held} held, {len(self.skipped)} skipped>"
 
     def __str__(self) -> str:
+        state = " (reverted)" if self.reverted else ""
         lines = [
-            f"patch set {self.name!r}: {self.installed} newly installed, {self.held} held, {len(self.skipped)} skipped"
+            f"patch set {self.name!r}{state}: {self.installed} newly installed, {self.held} held, "
+            f"{len(self.skipped)} skipped"
         ]
-        lines += [f"  held     {e.patch:<24} {e.holder}.{e.attr} (count {e.count})" for e in self.entries]
+        lines += [f"  {e.state:<8} {e.patch:<24} {e.holder}.{e.attr} (count {e.count})" for e in self.entries]
         lines += [f"  pending  {name:<24} installed when its module is imported" for name in self.pending]
         lines += [f"  skipped  {name:<24} {reason}" for name, reason in self.skipped]
         return "\n".join(lines)

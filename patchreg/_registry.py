@@ -123,18 +123,30 @@ def _kind_of(holder: Any) -> str:
 
 
 class _Claim:
-    """The layers one ``apply`` took a reference on (and its lazy patches); released once."""
+    """The layers one ``apply`` took a reference on (and its lazy patches); released once.
 
-    __slots__ = ("layers", "owner", "pending", "released")
+    ``layers`` is kept for reporting; ``done`` counts how many, from the end, were released
+    (a release interrupted half-way is retried for the rest only).
+    """
 
-    def __init__(self, owner: Registry) -> None:
+    __slots__ = ("done", "installed", "layers", "name", "owner", "pending", "released", "skipped")
+
+    def __init__(self, owner: Registry, name: str) -> None:
         self.owner = owner
+        self.name = name
         self.layers: list[_Layer] = []
         self.pending: list[_Pending] = []
         self.released = False
+        self.done = 0
+        self.installed = 0
+        self.skipped: tuple[tuple[str, str], ...] = ()
+
+    def held(self) -> int:
+        return 0 if self.released else len(self.layers) - self.done
 
     def entries(self) -> tuple[Installed, ...]:
-        return tuple(_installed(layer) for layer in self.layers)
+        live = len(self.layers) - self.done
+        return tuple(_installed(la, None if i < live else "reverted") for i, la in enumerate(self.layers))
 
 
 class _Pending:
@@ -155,8 +167,10 @@ class _Pending:
         return Installed(patch.name, str(patch.where), holder, attr, patch.kind, 0, self.since, "pending")
 
 
-def _installed(layer: _Layer) -> Installed:
+def _installed(layer: _Layer, state: str | None = None) -> Installed:
     patch, site = layer.patch, layer.site
+    if state is None:
+        state = "active" if layer.count > 0 else "reverted"
     return Installed(
         patch=patch.name,
         target=str(patch.where),
@@ -165,6 +179,7 @@ def _installed(layer: _Layer) -> Installed:
         kind=patch.kind,
         count=layer.count,
         since=layer.since,
+        state=state,
     )
 
 
@@ -219,22 +234,27 @@ class Registry:
         plan, skipped = self._plan(tuple(p for p in patches if p not in waiting), obj)
         if skipped and (strict or warn):
             self._report_skips(name, skipped, strict)
-        claim = _Claim(self)
+        claim = _Claim(self, name)
+        if skipped:
+            claim.skipped = tuple(skipped)
         with _LOCK:
-            self._purge()
-            installed = self._take_all(plan, claim)
-            claim.pending = [_Pending(p, claim) for p in waiting]
-            self._pending.extend(claim.pending)
+            if self._dead:
+                self._purge()
+            claim.installed = self._take_all(plan, claim)
+            if waiting:
+                claim.pending = [_Pending(p, claim) for p in waiting]
+                self._pending.extend(claim.pending)
         for pending in claim.pending:
             wrapt.register_post_import_hook(functools.partial(self._fire, pending), pending.module)
-        return Report(name, installed, tuple(skipped), claim)
+        return Report(claim)
 
     def _take_all(self, plan: list[tuple[Patch, list[Site]]], claim: _Claim) -> int:
         installed = 0
+        now = time.time()
         try:
             for patch, sites in plan:
                 for site in sites:
-                    installed += self._take(patch, site, claim)
+                    installed += self._take(patch, site, claim, now)
         except BaseException:
             self._release(claim)
             raise
@@ -296,7 +316,7 @@ class Registry:
             )
             raise TargetNotFoundError(msg, target=name)
 
-    def _take(self, patch: Patch, found: Site, claim: _Claim) -> int:
+    def _take(self, patch: Patch, found: Site, claim: _Claim, now: float) -> int:
         """Count a user of ``patch`` on ``found``, installing it if it is the first; 1 if installed.
 
         Sites stay in the registry while their holder lives (weakly), so re-applying is cheap.
@@ -315,10 +335,10 @@ class Registry:
                     claim.layers.append(layer)
                     return 0
             _check_compatible(patch, site)
-        self._install(patch, site, holder, claim)
+        self._install(patch, site, holder, claim, now)
         return 1
 
-    def _install(self, patch: Patch, site: _Site, holder: Any, claim: _Claim) -> None:
+    def _install(self, patch: Patch, site: _Site, holder: Any, claim: _Claim, now: float) -> None:
         original = site.current()
         value = _build(patch, site, holder, original)
         try:
@@ -327,7 +347,7 @@ class Registry:
             msg = f"Cannot set {site.label}.{site.attr} for patch {patch.name!r}: {exc}. Patch the code that uses it instead."
             raise UnpatchableTargetError(msg, patch=patch, target=patch.target) from exc
         patch.backup.push(holder, original)
-        layer = _Layer(patch, site, value, time.time())
+        layer = _Layer(patch, site, value, now)
         site.layers.append(layer)
         claim.layers.append(layer)
         if log.isEnabledFor(logging.DEBUG):
@@ -363,7 +383,7 @@ class Registry:
             with _LOCK:
                 return self._release(target.claim)
         _name, patches = _patches(target)
-        claim = _Claim(self)
+        claim = _Claim(self, _name)
         with _LOCK:
             self._purge()
             self._cancel(p for p in self._pending if p.patch in patches)
@@ -395,18 +415,19 @@ class Registry:
         if claim.released:
             return 0
         self._cancel(claim.pending)
-        layers = [layer for layer in reversed(claim.layers) if layer.count > 0 and layer.site.ref() is not None]
+        taken = claim.layers
+        todo = len(taken) - claim.done
+        layers = [la for la in reversed(taken[:todo]) if la.count > 0 and la.site.ref() is not None]
         _check_release(layers)
         restored = 0
-        taken = claim.layers
-        for i in range(len(taken) - 1, -1, -1):  # last taken first
+        for i in range(todo - 1, -1, -1):  # last taken first
             layer = taken[i]
             if layer.count > 0 and layer.site.ref() is not None:
                 if layer.count == 1:  # restore before forgetting: an interrupt loses nothing
                     self._uninstall(layer)
                     restored += 1
                 layer.count -= 1
-            del taken[i]  # a retry after an interrupt releases only the rest
+            claim.done += 1  # a retry after an interrupt releases only the rest
         claim.released = True
         return restored
 
@@ -612,9 +633,9 @@ def _check_patchable(patch: Patch, holder: Any, attr: str) -> None:
         _check_wrappable(patch, holder, attr)
 
 
-#: Classes whose instances were found patchable for an attribute: id(cls) -> (weakref, {attr}).
-#: Cleared by patchreg.refresh() (after changing a class's descriptors).
-_VERIFIED: dict[int, tuple[weakref.ref[type], set[str]]] = {}
+#: Classes whose instances were found patchable for an attribute: id(cls) -> (weakref, {attr: raw
+#: class attribute}). Cleared by patchreg.refresh() (after changing a class's descriptors).
+_VERIFIED: dict[int, tuple[weakref.ref[type], dict[str, Any]]] = {}
 
 
 def _verified(cls: type, attr: str) -> bool:
@@ -639,8 +660,8 @@ def _check_instance_class(patch: Patch, cls: type, attr: str) -> None:
         raise UnpatchableTargetError(msg, patch=patch, target=patch.target)
     entry = _VERIFIED.get(id(cls))
     if entry is None or entry[0]() is not cls:
-        entry = _VERIFIED[id(cls)] = (weakref.ref(cls), set())
-    entry[1].add(attr)
+        entry = _VERIFIED[id(cls)] = (weakref.ref(cls), {})
+    entry[1][attr] = raw
 
 
 def _forget_verified() -> None:
@@ -682,16 +703,16 @@ def _check_compatible(patch: Patch, site: _Site) -> None:
 
 def _check_release(layers: list[_Layer]) -> None:
     """Verify every uninstall in ``layers`` can happen, in order, before any of them does."""
-    counts: dict[int, int] = {}
-    tops: dict[tuple[int, str], list[_Layer]] = {}
+    counts: dict[_Layer, int] = {}
+    tops: dict[_Site, list[_Layer]] = {}
     for layer in layers:
-        counts[id(layer)] = counts.get(id(layer), layer.count) - 1
-        if counts[id(layer)] > 0:
+        left = counts[layer] = counts.get(layer, layer.count) - 1
+        if left > 0:
             continue
         site = layer.site
-        stack = tops.get(site.key)
+        stack = tops.get(site)
         if stack is None:
-            stack = tops[site.key] = list(site.layers)
+            stack = tops[site] = site.layers[:]
             current = site.current()
             if stack[-1] is layer and not layer.owns(current):
                 msg = (
@@ -753,7 +774,10 @@ def _bind_like(value: Any, holder: Any, attr: str, original: Any) -> Any:
     if original is not ABSENT:  # something already in vars(instance): bind only if it is our method
         bound = getattr(original, "__self__", None) is holder and callable(original)
         return value.__get__(holder, cls) if bound and hasattr(value, "__get__") else value
-    raw = _class_raw(cls, attr)
+    entry = _VERIFIED.get(id(cls))
+    raw = entry[1].get(attr, ABSENT) if entry is not None and entry[0]() is cls else _class_raw(cls, attr)
+    if type(raw) is types.FunctionType:
+        return value.__get__(holder, cls) if hasattr(value, "__get__") else value
     if isinstance(raw, staticmethod):
         return value.__get__(holder, cls) if isinstance(value, staticmethod) else value
     if isinstance(raw, classmethod):

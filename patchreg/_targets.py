@@ -134,11 +134,15 @@ class Selector:
 
     def resolve(self, obj: Any) -> list[Site] | Miss:
         """Every (holder, attribute) the selector names on ``obj``; a Miss says why there is none."""
-        _check_instance(obj, self.path)
-        chunks = obj if isinstance(obj, (list, tuple)) else (obj,)
+        if isinstance(obj, (list, tuple)):
+            chunks = obj
+            for chunk in chunks:
+                _check_instance(chunk, self.path)
+        else:
+            _check_instance(obj, self.path)
+            chunks = (obj,)
         sites: list[Site] = []
         for chunk in chunks:
-            _check_instance(chunk, self.path)
             found = self._fast(chunk)
             if found:
                 sites.extend(found)
@@ -171,7 +175,8 @@ class Selector:
             holders = nxt
         attr = steps[-1].name
         for holder in holders:
-            _check_instance(holder, self.path)
+            if isinstance(holder, _NOT_INSTANCES):
+                _check_instance(holder, self.path)
             if not _has_attr(holder, attr):
                 return None
         return [Site(holder, attr) for holder in holders]
@@ -318,6 +323,9 @@ def _iterate(value: Any) -> Iterable[Any]:
         raise TypeError("strings are not containers of targets")
     items: Iterable[Any] = iter(value)
     return items
+
+
+_NOT_INSTANCES = (type, types.ModuleType, type(None))
 
 
 def _check_instance(obj: Any, path: str) -> None:
