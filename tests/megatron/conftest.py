@@ -33,19 +33,25 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def distributed() -> Iterator[None]:
-    """torch.distributed on gloo with one process, and Megatron-Core's parallel_state for TP=PP=1."""
+    """torch.distributed on gloo with one process and parallel_state for TP=PP=1, torn down after this package."""
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    if not dist.is_initialized():
+    owned = not dist.is_initialized()
+    if owned:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ["MASTER_PORT"] = str(free_port())
         dist.init_process_group("gloo", rank=0, world_size=1)
-    if not parallel_state.model_parallel_is_initialized():
+    initialized = not parallel_state.model_parallel_is_initialized()
+    if initialized:
         parallel_state.initialize_model_parallel(1, 1)
     yield
+    if initialized:
+        parallel_state.destroy_model_parallel()
+    if owned:
+        dist.destroy_process_group()
 
 
 @pytest.fixture(autouse=True)
