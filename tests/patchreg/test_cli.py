@@ -121,6 +121,26 @@ def test_doctor_json_is_a_list_of_objects_with_the_same_facts() -> None:
     assert all(o["install"] for o in objects if o["set"] == "sample-ready")
 
 
+def test_doctor_json_lists_load_failures_as_objects() -> None:
+    """A module that failed to load appears in the JSON list as an object with install false and the reason."""
+    status, out = cli("--module", "tests.patchreg.no_such_module", "doctor", "--json")
+    assert status == 1
+    failed = [o for o in json.loads(out) if o["set"] is None]
+    assert failed == [
+        {
+            "set": None,
+            "source": "module tests.patchreg.no_such_module",
+            "patch": None,
+            "target": None,
+            "kind": None,
+            "install": False,
+            "reason": "module tests.patchreg.no_such_module is not installed "
+            "(no module named 'tests.patchreg.no_such_module')",
+            "versions": {},
+        }
+    ]
+
+
 def test_doctor_selects_sets_by_module_name() -> None:
     """A module name selects every set defined in it."""
     status, out = cli("doctor", "--json", SAMPLE)
