@@ -333,12 +333,21 @@ def spec_decode_stats(request_output: Any) -> SpecDecodeStats | None:
 
     Sums ``outputs[i].spec_decode_metrics`` over the request's completions; the
     verify steps and accepted tokens come from the acceptance histogram (or,
-    lacking one, the per-step arrays of the ``detailed`` level). Completions
-    that have not finished carry no metrics yet and are left out. When a
-    finished completion has none, the engine is not recording them: warns once
-    per process (naming ``per_request_spec_decode_metrics``) and returns None.
-    Never raises on a missing attribute.
+    lacking one, the per-step arrays of the ``detailed`` level). vLLM attaches
+    them to the final output only, so an unfinished request gives None quietly.
+    When a finished completion has none, the engine is not recording them:
+    warns once per process (naming ``per_request_spec_decode_metrics``) and
+    returns None. Never raises on a missing attribute; a list of outputs is a
+    ``TypeError``.
     """
+    if isinstance(request_output, (list, tuple)):
+        msg = (
+            "spec_decode_stats() takes one vllm RequestOutput, got a "
+            f"{type(request_output).__name__}; for a batch use [spec_decode_stats(o) for o in outputs]."
+        )
+        raise TypeError(msg)
+    if getattr(request_output, "finished", True) is False:
+        return None  # metrics arrive with the final output
     completions = getattr(request_output, "outputs", None) or ()
     metrics, missing = [], False
     for completion in completions:
@@ -347,7 +356,7 @@ def spec_decode_stats(request_output: Any) -> SpecDecodeStats | None:
             metrics.append(found)
         elif getattr(completion, "finish_reason", None) is not None:
             missing = True
-    if missing or (not metrics and getattr(request_output, "finished", False)):
+    if missing:
         _warn_missing_once()
         return None
     return _sum_metrics(metrics) if metrics else None

@@ -132,6 +132,23 @@ def test_unfinished_output_returns_none_without_warning(
     assert not caplog.records
 
 
+def test_unfinished_request_with_some_finished_completions_gives_none(
+    vllm_outputs: Any, fresh_missing_warning: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """While a request with n > 1 is still running, partial sums are not reported: None, no warning."""
+    caplog.set_level(logging.WARNING, logger="patchreg.vllm")
+    partial = request(vllm_outputs, observed(vllm_outputs[2], 1, [(1, 1)]))
+    partial.finished = False
+    assert spec_decode_stats(partial) is None
+    assert not caplog.records
+
+
+def test_a_batch_is_a_type_error(vllm_outputs: Any) -> None:
+    """Passing the list of outputs instead of one output raises TypeError with the fix."""
+    with pytest.raises(TypeError, match=r"for a batch use \[spec_decode_stats\(o\) for o in outputs\]"):
+        spec_decode_stats([request(vllm_outputs, observed(vllm_outputs[2], 1, [(1, 1)]))])
+
+
 def test_a_finished_completion_without_metrics_makes_the_request_incomplete(
     vllm_outputs: Any, fresh_missing_warning: None
 ) -> None:

@@ -1,0 +1,67 @@
+"""The version predicates of patches.vllm agree with what the installed vLLM actually has."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from patches.vllm import mtp_engine_kwargs
+from patches.vllm._compat import (
+    HAS_MTP_METHOD,
+    HAS_PER_REQUEST_METRICS,
+    LOSES_METRICS_ON_DELTA_MERGE,
+    VLLM_INSTALLED,
+    speculative_config_keys,
+    vllm_version,
+)
+
+
+def test_installed_vllm_is_seen(vllm: Any) -> None:
+    """The installed-vLLM predicate holds and its reason names the version."""
+    answer = VLLM_INSTALLED.evaluate()
+    assert answer.ok and vllm_version() in answer.reason
+
+
+def test_per_request_metrics_predicate_matches_the_classes(vllm: Any) -> None:
+    """HAS_PER_REQUEST_METRICS holds exactly when CompletionOutput has a spec_decode_metrics field."""
+    from vllm.outputs import CompletionOutput
+
+    has_field = "spec_decode_metrics" in {f.name for f in dataclasses.fields(CompletionOutput)}
+    assert HAS_PER_REQUEST_METRICS.evaluate().ok == has_field
+
+
+def test_engine_kwargs_match_engine_args_fields(vllm: Any) -> None:
+    """mtp_engine_kwargs sets per_request_spec_decode_metrics exactly when EngineArgs takes it."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    takes_it = "per_request_spec_decode_metrics" in {f.name for f in dataclasses.fields(EngineArgs)}
+    assert ("per_request_spec_decode_metrics" in mtp_engine_kwargs()) == takes_it
+
+
+def test_mtp_method_predicate_matches_the_literal(vllm: Any) -> None:
+    """HAS_MTP_METHOD holds, and "mtp" is a method the installed SpeculativeConfig accepts."""
+    import typing
+
+    from vllm.config.speculative import SpeculativeMethod
+
+    def flatten(tp: Any) -> set[str]:
+        args = typing.get_args(tp)
+        return {a for arg in args for a in (flatten(arg) if typing.get_args(arg) else {arg})}
+
+    assert HAS_MTP_METHOD.evaluate().ok
+    assert "mtp" in flatten(SpeculativeMethod)
+
+
+def test_known_keys_cover_what_the_builder_emits(vllm: Any) -> None:
+    """The field names read from SpeculativeConfig include method and num_speculative_tokens."""
+    keys = speculative_config_keys()
+    assert keys is not None and {"method", "num_speculative_tokens", "enforce_eager"} <= keys
+
+
+def test_delta_merge_predicate_is_false_on_the_pinned_release(vllm: Any) -> None:
+    """vLLM 0.33 carries spec_decode_metrics over DELTA merges itself, so the fix is not needed."""
+    from packaging.version import Version
+
+    assert LOSES_METRICS_ON_DELTA_MERGE.evaluate().ok == (
+        Version("0.29") <= Version(Version(vllm_version()).base_version) < Version("0.32")
+    )
