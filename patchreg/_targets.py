@@ -156,17 +156,20 @@ class Selector:
     def _fast(self, obj: Any) -> list[Site] | None:
         """The sites on one chunk, or None on any miss (``_explain`` then says why)."""
         steps = self._steps
-        start = _unwrap_to(obj, steps[0].name, self.unwrap)
-        if start is None:
+        found = _unwrap_get(obj, steps[0].name, self.unwrap)
+        if found is None:
             return None
+        start, value = found  # the first name's value: looked up once, not again below
         holders = [start]
         for step in steps[:-1]:
             nxt = []
             for holder in holders:
-                value = getattr(holder, step.name, None)
+                if value is _UNSET:
+                    value = getattr(holder, step.name, None)
                 if value is None:
                     return None
                 items = [value]
+                value = _UNSET
                 for index in step.indices:
                     items = _select(items, index)
                     if not items:
@@ -177,7 +180,7 @@ class Selector:
         for holder in holders:
             if isinstance(holder, _NOT_INSTANCES):
                 _check_instance(holder, self.path)
-            if not _has_attr(holder, attr):
+            if value is _UNSET and not _has_attr(holder, attr):
                 return None
         return [Site(holder, attr) for holder in holders]
 
@@ -254,6 +257,18 @@ def _has_attr(obj: Any, name: str) -> bool:
     return True
 
 
+_UNSET: Any = object()
+
+
+def _unwrap_get(obj: Any, name: str, unwrap: tuple[str, ...]) -> tuple[Any, Any] | None:
+    """``(holder, value)``: the object that has ``name`` (as :func:`_unwrap_to` finds it) and its value."""
+    value = getattr(obj, name, _UNSET)
+    if value is not _UNSET:
+        return obj, value
+    start = _unwrap_to(obj, name, unwrap)
+    return None if start is None else (start, getattr(start, name, None))
+
+
 def _unwrap_to(obj: Any, name: str, unwrap: tuple[str, ...]) -> Any:
     """The first object, walking ``unwrap`` attributes breadth first, that has ``name``."""
     if _has_attr(obj, name):
@@ -315,7 +330,21 @@ def _index(items: list[tuple[Any, str]], index: str) -> tuple[list[tuple[Any, st
 
 
 def _is_module_dict(value: Any) -> bool:
-    return callable(getattr(value, "values", None)) and callable(getattr(value, "keys", None))
+    """Mapping-like (``ModuleDict``): callable ``keys`` and ``values`` on its class or in its ``__dict__``.
+
+    The class is ``value.__class__``, which a proxy reports as the wrapped object's class. A
+    ``__getattr__`` is not consulted: for ``nn.Module`` containers it would look among the
+    children and raise, which cost more than the rest of a selector's resolution.
+    """
+    return _has_callable(value, "values") and _has_callable(value, "keys")
+
+
+def _has_callable(value: Any, name: str) -> bool:
+    found = getattr(value.__class__, name, None)
+    if found is None:
+        ns = getattr(value, "__dict__", None)
+        found = ns.get(name) if isinstance(ns, dict) else None
+    return callable(found)
 
 
 def _iterate(value: Any) -> Iterable[Any]:
