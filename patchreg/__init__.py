@@ -5,7 +5,7 @@ from __future__ import annotations
 from patchreg._api import apply, patched, registry, revert
 from patchreg._predicates import Answer, Predicate, accepts, always, check, has, refresh, requires
 from patchreg._records import ABSENT, Backup, Installed, Patch, PatchSet, Report
-from patchreg._registry import Explanation, Patched, Registry
+from patchreg._registry import Checkpoint, Explanation, Patched, Registry
 from patchreg._targets import Selector
 from patchreg.exceptions import (
     PatchConflictError,
@@ -24,6 +24,7 @@ __all__ = [
     "ABSENT",
     "Answer",
     "Backup",
+    "Checkpoint",
     "Explanation",
     "Installed",
     "Patch",

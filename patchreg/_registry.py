@@ -35,7 +35,7 @@ from patchreg.exceptions import (
     UnpatchableTargetError,
 )
 
-__all__ = ["Explanation", "Registry"]
+__all__ = ["Checkpoint", "Explanation", "Registry"]
 
 log = logging.getLogger("patchreg")
 
@@ -459,6 +459,27 @@ class Registry:
                     restored += 1
         return restored
 
+    def checkpoint(self) -> Checkpoint:
+        """Remember the current users of every install, for :meth:`rollback`."""
+        with _LOCK:
+            self._purge()
+            counts = {la: la.count for s in self._sites.values() for la in s.layers}
+            return Checkpoint(self, counts, frozenset(self._pending))
+
+    def rollback(self, checkpoint: Checkpoint) -> int:
+        """Release every user added since ``checkpoint`` (and cancel newer lazy patches); return restores."""
+        if checkpoint.owner is not self:
+            msg = f"Checkpoint came from registry {checkpoint.owner.name!r}; roll back there."
+            raise PatchDefinitionError(msg)
+        claim = _Claim(self, "rollback")
+        with _LOCK:
+            self._purge()
+            self._cancel(p for p in self._pending if p not in checkpoint.pending)
+            for site in self._sites.values():
+                for layer in site.layers:  # bottom first: the release runs top first
+                    claim.layers.extend([layer] * (layer.count - checkpoint.counts.get(layer, 0)))
+            return self._release(claim)
+
     def patched(self, target: Target, obj: Any = None, *, strict: bool = False) -> Patched:
         """A context manager (and decorator) that applies on entry and reverts on exit."""
         _patches(target)  # fail at the call site on a bad target
@@ -573,6 +594,20 @@ def _version(name: str) -> str:
 def answer_reason(patch: Patch) -> str:
     """The reason of a patch's (cached) predicate answer."""
     return patch.when.evaluate().reason
+
+
+class Checkpoint:
+    """The users of every install at one moment (see :meth:`Registry.checkpoint`)."""
+
+    __slots__ = ("counts", "owner", "pending")
+
+    def __init__(self, owner: Registry, counts: dict[_Layer, int], pending: frozenset[_Pending]) -> None:
+        self.owner = owner
+        self.counts = counts
+        self.pending = pending
+
+    def __repr__(self) -> str:
+        return f"<Checkpoint of {len(self.counts)} install(s) in {self.owner.name!r}>"
 
 
 class Patched:

@@ -46,6 +46,7 @@ def patch_registry() -> Iterator[Registry]:
 @pytest.fixture(autouse=True)
 def _patchreg_leak_guard(request: Any) -> Iterator[None]:
     before = _snapshot()
+    checkpoint = default_registry.checkpoint()
     yield
     if request.node.get_closest_marker(_MARK) is not None:
         return
@@ -56,7 +57,7 @@ def _patchreg_leak_guard(request: Any) -> Iterator[None]:
         if n > before.get((p, h, a, state), 0)
     )
     if leaked:
-        default_registry.revert_all()
+        default_registry.rollback(checkpoint)  # only what this test added
         pytest.fail(
             "test left patches active in patchreg.registry: "
             + "; ".join(leaked)

@@ -553,3 +553,23 @@ def test_revert_all(patch_registry: Registry, pristine: Any) -> None:
     patch_registry.apply(p)
     assert patch_registry.revert_all() == 1
     pristine()
+
+
+def test_checkpoint_and_rollback(patch_registry: Registry, pristine: Any) -> None:
+    """rollback() releases only the users added since the checkpoint, top layers first."""
+    r = Patch("r", f"{M}:Child.method", plain("r"))
+    w = Patch("w", f"{M}:Child.method", tagging_wrapper("w"), kind="wrap")
+    f = Patch("f", f"{M}:module_func", plain(1))
+    patch_registry.apply(r)
+    checkpoint = patch_registry.checkpoint()
+    patch_registry.apply(r)
+    patch_registry.apply(w)
+    patch_registry.apply(f)
+    assert repr(checkpoint) == "<Checkpoint of 1 install(s) in 'test'>"
+    assert patch_registry.rollback(checkpoint) == 2
+    assert [(e.patch, e.count) for e in patch_registry.active()] == [("r", 1)]
+    assert sample.Child().method() == "r"
+    with pytest.raises(Exception, match="roll back there"):
+        Registry("other").rollback(checkpoint)
+    patch_registry.revert(r)
+    pristine()
