@@ -7,6 +7,7 @@ module-level patches, each gated per release:
 - ``memory_buffer_on_cpu``: ``GlobalMemoryBuffer.get_tensor`` (DotProductAttention's scratch) on the CPU
 - ``rng_state_get`` / ``rng_state_set``: the tracker's and recompute's CUDA RNG state -> the CPU generator
 - ``rng_tracker_add`` / ``rng_tracker_fork``: ``CudaRNGStatesTracker`` seeding and forking on the CPU
+- ``tp_gather_on_cpu``: the tensor-parallel all-gather along the last dimension into CPU buffers (gloo)
 - ``mtp_tracker_device`` / ``mtp_metrics_device``: the MTP loss tracker allocated on the loss's device
 
 Usage: ``with cpu_patched(), mtp_patched(model): ...``.
@@ -29,6 +30,7 @@ __all__ = ["CPU_SET", "cpu_patched"]
 _UTILS = "megatron.core.utils"
 _TRACKER = f"{RANDOM}:CudaRNGStatesTracker"
 _HELPER = f"{MTP}:MTPLossLoggingHelper"
+_MAPPINGS = "megatron.core.tensor_parallel.mappings"
 
 
 def _get_tensor(self: Any, tensor_shape: Any, dtype: Any, name: Any, *args: Any, **kwargs: Any) -> Any:
@@ -87,6 +89,19 @@ def _tracker_fork(self: Any, name: str | None = None) -> Iterator[None]:
         torch.set_rng_state(outer)
 
 
+def _gather_along_last_dim(input_: Any, group: Any) -> Any:
+    """All-gather tensor-parallel shards along the last dimension into CPU tensors (gloo)."""
+    import torch
+    import torch.distributed as dist
+
+    size = group.size()
+    if size == 1:
+        return input_
+    parts = [torch.empty_like(input_) for _ in range(size)]
+    dist.all_gather(parts, input_.contiguous(), group=group)
+    return torch.cat(parts, dim=-1).contiguous()
+
+
 def _seed_tracker(keys: tuple[str, ...]) -> Any:
     def seed(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         import torch
@@ -111,6 +126,8 @@ CPU_SET = PatchSet(
         Patch("rng_state_set", f"{RANDOM}:_set_cuda_rng_state", _set_rng_state, when=has(f"{RANDOM}:_set_cuda_rng_state")),
         Patch("rng_tracker_add", f"{_TRACKER}.add", _tracker_add, when=has(f"{_TRACKER}.add")),
         Patch("rng_tracker_fork", f"{_TRACKER}.fork", _tracker_fork, when=has(f"{_TRACKER}.fork")),
+        Patch("tp_gather_on_cpu", f"{_MAPPINGS}:_gather_along_last_dim", _gather_along_last_dim,
+              when=has(f"{_MAPPINGS}:_gather_along_last_dim")),
         Patch("mtp_tracker_device", f"{_HELPER}.save_loss_to_tracker", _seed_tracker(("values",)), kind="wrap",
               when=requires("megatron-core>=0.14") & has(f"{_HELPER}.save_loss_to_tracker")),
         Patch("mtp_metrics_device", f"{_HELPER}.save_metrics_to_tracker",

@@ -61,6 +61,9 @@ def cpu(request: Any) -> Iterator[Any]:
 
     if "no_distributed" not in request.keywords:
         request.getfixturevalue("distributed")
+    if "no_cpu_shims" in request.keywords:
+        yield None
+        return
     with cpu_patched() as report:
         _reset_mtp_state()
         yield report
@@ -77,6 +80,7 @@ def _reset_mtp_state() -> None:
 def pytest_configure(config: Any) -> None:
     """Declare the marker for tests that must not initialise torch.distributed."""
     config.addinivalue_line("markers", "no_distributed: the test needs no process group")
+    config.addinivalue_line("markers", "no_cpu_shims: the test manages cpu_patched itself")
 
 
 def make_config(**overrides: Any) -> Any:

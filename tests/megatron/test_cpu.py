@@ -1,0 +1,49 @@
+"""cpu_patched: the CPU shims install per release and restore the upstream namespaces exactly."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("megatron.core", reason="megatron-core is not installed")
+
+import torch  # noqa: E402
+
+import patchreg  # noqa: E402
+from patches.megatron import CPU_SET, cpu_patched  # noqa: E402
+
+
+def _namespaces() -> list[Any]:
+    from megatron.core import utils
+    from megatron.core.tensor_parallel import mappings, random
+    from megatron.core.transformer import multi_token_prediction
+
+    helper = multi_token_prediction.MTPLossLoggingHelper
+    return [utils.GlobalMemoryBuffer, random, random.CudaRNGStatesTracker, mappings, helper]
+
+
+@pytest.mark.no_cpu_shims
+def test_cpu_set_restores_every_namespace() -> None:
+    """Leaving cpu_patched puts back the same objects under the same names, and says why it skipped."""
+    before = [dict(vars(ns)) for ns in _namespaces()]
+    with cpu_patched() as report:
+        assert report.installed == len(CPU_SET) - len(report.skipped)
+        assert all(reason for _, reason in report.skipped)
+        assert patchreg.registry.is_active("memory_buffer_on_cpu")
+    for ns, snap in zip(_namespaces(), before):
+        now = vars(ns)
+        assert now.keys() == snap.keys() and all(now[k] is snap[k] for k in snap), ns
+
+
+def test_rng_tracker_fork_is_reproducible_on_cpu() -> None:
+    """The model-parallel RNG fork draws from its own seeded CPU state and restores the caller's."""
+    from megatron.core.tensor_parallel import random as tp_random
+
+    tp_random.model_parallel_cuda_manual_seed(5)
+    outside = torch.get_rng_state()
+    with tp_random.get_cuda_rng_tracker().fork():
+        first = torch.rand(3)
+    assert torch.equal(torch.get_rng_state(), outside)
+    tp_random.model_parallel_cuda_manual_seed(5)
+    with tp_random.get_cuda_rng_tracker().fork():
+        again = torch.rand(3)
+    assert torch.equal(first, again)
