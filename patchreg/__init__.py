@@ -3,7 +3,17 @@
 from __future__ import annotations
 
 from patchreg._api import apply, patched, registry, revert
-from patchreg._predicates import Answer, Predicate, accepts, always, check, has, refresh, requires
+from patchreg._predicates import (
+    Answer,
+    Predicate,
+    accepts,
+    always,
+    check,
+    has,
+    not_needed_when,
+    refresh,
+    requires,
+)
 from patchreg._records import ABSENT, Backup, Installed, Patch, PatchSet, Report
 from patchreg._registry import Checkpoint, Explanation, Patched, Registry
 from patchreg._targets import Selector
@@ -48,6 +58,7 @@ __all__ = [
     "apply",
     "check",
     "has",
+    "not_needed_when",
     "patched",
     "refresh",
     "registry",

@@ -53,6 +53,12 @@ class Diagnosis:
     install: bool
     reason: str
     versions: dict[str, str]
+    needed: bool = True
+
+    @property
+    def fine(self) -> bool:
+        """Installs, or is not needed here."""
+        return self.install or not self.needed
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -138,7 +144,7 @@ def _cmd_doctor(args: argparse.Namespace, found: Discovery, out: TextIO) -> int:
         out.write(json.dumps(objects, indent=2) + "\n")
     else:
         _write_doctor(rows, errors, out)
-    return OK if all(r.install for r in rows) and not errors else FAILED
+    return OK if all(r.fine for r in rows) and not errors else FAILED
 
 
 def _select(found: Discovery, names: Sequence[str]) -> tuple[list[Found], list[LoadError]]:
@@ -160,7 +166,7 @@ def _select(found: Discovery, names: Sequence[str]) -> tuple[list[Found], list[L
 
 def diagnose(patch: Patch, found: Found) -> Diagnosis:
     """Evaluate ``patch``'s predicate and, for import paths, its target, in this environment."""
-    install, reason = _would_install(patch)
+    install, reason, needed = _would_install(patch)
     return Diagnosis(
         set=found.name,
         source=found.source,
@@ -170,21 +176,23 @@ def diagnose(patch: Patch, found: Found) -> Diagnosis:
         install=install,
         reason=reason,
         versions=_versions(patch),
+        needed=needed,
     )
 
 
-def _would_install(patch: Patch) -> tuple[bool, str]:
+def _would_install(patch: Patch) -> tuple[bool, str, bool]:
+    """(installs, reason, needed): ``needed`` is False for a patch skipped as not needed here."""
     try:
         answer = patch.when.evaluate()
         if not answer.ok:
-            return False, answer.reason
+            return False, answer.reason, answer.needed
         if not patch.is_global:
-            return True, f"{answer.reason}; the selector is resolved on the model at apply time"
+            return True, f"{answer.reason}; the selector is resolved on the model at apply time", True
         rows = Registry("doctor").explain(patch).rows
     except PatchError as exc:
-        return False, str(exc)
+        return False, str(exc), True
     bad = [r for r in rows if r[2] != "install"]
-    return (False, bad[0][3]) if bad else (True, answer.reason)
+    return (False, bad[0][3], True) if bad else (True, answer.reason, True)
 
 
 def _versions(patch: Patch) -> dict[str, str]:
@@ -242,12 +250,20 @@ def _error_dict(error: LoadError) -> dict[str, Any]:
 def _write_doctor(rows: Sequence[Diagnosis], errors: Sequence[LoadError], out: TextIO) -> None:
     stack = ", ".join(f"{name} {_version(name)}" for name in STACK)
     out.write(f"patchreg {__version__} doctor: python {platform.python_version()}, {stack}\n\n")
-    cells = [(r.set, r.patch, "yes" if r.install else "no", _found(r.versions), r.reason) for r in rows]
+    cells = [(r.set, r.patch, _install_cell(r), _found(r.versions), r.reason) for r in rows]
     out.write(table(("set", "patch", "install", "found", "reason"), cells) + "\n")
     _write_errors(errors, out)
     ok = sum(r.install for r in rows)
-    tail = f"; {len(errors)} not loaded" if errors else ""
+    unneeded = sum(1 for r in rows if not r.install and not r.needed)
+    tail = f", {unneeded} not needed here" if unneeded else ""
+    tail += f"; {len(errors)} not loaded" if errors else ""
     out.write(f"\n{ok} of {len(rows)} patch(es) would install{tail}.\n")
+
+
+def _install_cell(row: Diagnosis) -> str:
+    if row.install:
+        return "yes"
+    return "no" if row.needed else "not needed"
 
 
 def _found(versions: dict[str, str]) -> str:
@@ -260,7 +276,7 @@ def _found(versions: dict[str, str]) -> str:
 def _cmd_show(args: argparse.Namespace, found: Discovery, out: TextIO) -> int:
     where, patch = _lookup(found, args.patch)
     answer = _answer(patch)
-    install, reason = _would_install(patch)
+    install, reason, _needed = _would_install(patch)
     kind = "import path" if patch.is_global else "selector, resolved on the object given to apply()"
     lines = [
         ("patch", f"{where.name}.{patch.name}"),

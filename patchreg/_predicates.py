@@ -29,6 +29,7 @@ __all__ = [
     "check",
     "distributions",
     "has",
+    "not_needed_when",
     "refresh",
     "requires",
 ]
@@ -39,10 +40,15 @@ _ON_REFRESH: list[Callable[[], None]] = []
 
 @attrs.frozen
 class Answer:
-    """The outcome of a predicate: ``ok`` and a one-sentence ``reason``; unpacks as a pair."""
+    """The outcome of a predicate: ``ok`` and a one-sentence ``reason``; unpacks as a pair.
+
+    ``needed`` is False when the patch is skipped because it is not needed here (see
+    :func:`not_needed_when`), as opposed to something it needs being missing.
+    """
 
     ok: bool
     reason: str
+    needed: bool = True
 
     def __bool__(self) -> bool:
         return self.ok
@@ -160,13 +166,13 @@ class _Any(Predicate):
     parts: tuple[Predicate, ...]
 
     def _evaluate(self) -> Answer:
-        reasons = []
+        reasons: list[Answer] = []
         for part in self.parts:
             answer = part.evaluate()
             if answer.ok:
                 return answer
-            reasons.append(answer.reason)
-        return Answer(False, "; ".join(reasons))
+            reasons.append(answer)
+        return Answer(False, "; ".join(a.reason for a in reasons), needed=all(a.needed for a in reasons))
 
     def describe(self) -> str:
         return " | ".join(_wrap(p, _All) for p in self.parts)
@@ -341,6 +347,28 @@ def accepts(path: str, *params: str, var_keyword: bool = False) -> Predicate:
         msg = f"accepts({path!r}, ...) needs one or more parameter names as identifiers, got {params!r}."
         raise PatchDefinitionError(msg)
     return _Accepts(path, tuple(params), var_keyword, parse_import_path(path, field="accepts()"))
+
+
+@attrs.frozen(cache_hash=True)
+class _NotNeeded(Predicate):
+    part: Predicate
+
+    def _evaluate(self) -> Answer:
+        ok, reason = self.part.evaluate()
+        if ok:
+            return Answer(False, f"not needed here: {reason}", needed=False)
+        return Answer(True, f"needed: {reason}")
+
+    def describe(self) -> str:
+        return f"not_needed_when({self.part.describe()})"
+
+
+def not_needed_when(pred: Predicate) -> Predicate:
+    """False, marked *not needed*, where ``pred`` holds (e.g. the bug a patch works around is fixed).
+
+    A patch skipped this way is not a problem: ``python -m patchreg doctor`` counts it as fine.
+    """
+    return _NotNeeded(_as_predicate(pred))
 
 
 @attrs.frozen(cache_hash=True)

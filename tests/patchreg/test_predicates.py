@@ -193,3 +193,19 @@ def test_requires_sees_refreshed_installs(fake_dists: Any) -> None:
     assert not pred.evaluate().ok
     fake_dists("late-dist", "1.2")
     assert pred.evaluate().ok
+
+
+def test_not_needed_when_marks_the_answer() -> None:
+    """not_needed_when() answers False, marked not needed, where its predicate holds, and True elsewhere."""
+    from patchreg import not_needed_when
+
+    fixed = not_needed_when(requires("attrs>=1")).evaluate()
+    assert (fixed.ok, fixed.needed) == (False, False)
+    assert fixed.reason.startswith("not needed here: attrs")
+    broken = not_needed_when(requires("attrs<1")).evaluate()
+    assert (broken.ok, broken.needed) == (True, True)
+    both = (has(f"{M}:module_func") & not_needed_when(requires("attrs>=1"))).evaluate()
+    assert not both.ok and not both.needed
+    missing = (requires("no-such-dist-xyz>=1") & not_needed_when(requires("attrs>=1"))).evaluate()
+    assert not missing.ok and missing.needed
+    assert str(not_needed_when(requires("attrs>=1"))) == "not_needed_when(requires('attrs>=1'))"
