@@ -252,6 +252,10 @@ def _non_negative(_instance: Any, attribute: attrs.Attribute[Any], value: int) -
         raise ValueError(msg)
 
 
+def _int_tuple(values: Iterable[int]) -> tuple[int, ...]:
+    return tuple(int(v) for v in values)
+
+
 @attrs.frozen
 class SpecDecodeStats:
     """Speculative-decoding acceptance numbers of one request (summed over its completions).
@@ -263,7 +267,7 @@ class SpecDecodeStats:
     num_draft_tokens: int = attrs.field(validator=_non_negative)
     num_accepted_tokens: int = attrs.field(validator=_non_negative)
     num_verify_steps: int = attrs.field(validator=_non_negative)
-    acceptance_histogram: tuple[int, ...] = attrs.field(default=(), converter=tuple)
+    acceptance_histogram: tuple[int, ...] = attrs.field(default=(), converter=_int_tuple)
     num_sequences: int = attrs.field(default=1, validator=_non_negative)
 
     @property
@@ -376,7 +380,7 @@ def _sum_metrics(metrics: Sequence[Any]) -> SpecDecodeStats:
             steps += len(per_step)
             accepted += sum(per_step)
         drafted += int(getattr(m, "num_draft_tokens", 0) or 0)
-    return SpecDecodeStats(drafted, accepted, steps, tuple(histogram), num_sequences=len(metrics))
+    return SpecDecodeStats(drafted, accepted, steps, histogram, num_sequences=len(metrics))
 
 
 def _zip_padded(a: Sequence[int], b: Sequence[int]) -> Iterable[tuple[int, int]]:
