@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
 
     sections: list[Section] = []
     sections += _run(1, "enter + exit vs the peers", lambda: models.cycles(settings))
-    sections += _run(2, "scaling", lambda: engine.scaling(settings))
+    sections += _run(2, "scaling", lambda: models.scaling(settings))
     sections += _run(3, "call overhead", lambda: engine.call_overhead(settings))
     sections += _run(4, "predicates", lambda: engine.predicates(settings, *models.mtp_predicates()))
     sections += _run(5, "training step", lambda: models.training_step(settings))

@@ -27,40 +27,35 @@ SCALE_SET = PatchSet(
 )
 
 
-def scaling(settings: Settings) -> Section:
-    """Apply + revert on trees of 1 to 512 targets; cost per target."""
-    registry = Registry("bench-scaling")
-    trees = {n: _trees.Tree(n) for n in SIZES}
+def per_target(
+    label: str, cycles: dict[int, tuple[Callable[[], object], int]], settings: Settings
+) -> tuple[list[tuple[str, ...]], float]:
+    """Time each ``(cycle, targets)`` of a series; rows and the max/min spread of the per-target medians."""
+    rows = []
+    medians = []
+    for n, (op, targets) in cycles.items():
+        number = max(2, settings.scale_ops // targets)
+        stats = compare({"cycle": looped(op)}, number=number, repeat=settings.repeat).stats["cycle"]
+        per = Stats(stats.median / targets, stats.min / targets, stats.max / targets, stats.samples)
+        medians.append(per.median)
+        rows.append((label, str(n), str(targets), stats.us(), per.us()))
+    return rows, max(medians) / min(medians)
 
-    def cycle(tree: _trees.Tree) -> Callable[[], None]:
-        def op() -> None:
+
+def tree_scaling(settings: Settings) -> tuple[list[tuple[str, ...]], float]:
+    """Apply + revert of one selector patch on nn.Module trees of 1 to 512 leaves."""
+    registry = Registry("bench-scaling")
+    cycles: dict[int, tuple[Callable[[], object], int]] = {}
+    for n in SIZES:
+        tree = _trees.Tree(n)
+
+        def op(tree: _trees.Tree = tree) -> None:
             registry.revert(registry.apply(SCALE_SET, tree))
 
-        return op
-
-    per_target: dict[int, Stats] = {}
-    rows = []
-    for n, tree in trees.items():
-        number = max(2, settings.scale_ops // n)
-        stats = compare({"cycle": looped(cycle(tree))}, number=number, repeat=settings.repeat).stats["cycle"]
-        per = Stats(stats.median / n, stats.min / n, stats.max / n, stats.samples)
-        per_target[n] = per
-        rows.append((str(n), stats.us(), per.us()))
+        cycles[n] = (op, n)
+    rows, spread = per_target("nn.Module tree, one selector patch", cycles, settings)
     assert not registry.active(), "the scaling benchmark left patches installed"
-    medians = [s.median for s in per_target.values()]
-    spread = max(medians) / min(medians)
-    return Section(
-        2,
-        "Scaling: apply + revert over trees of N targets",
-        ("targets", "apply + revert", "per target"),
-        rows,
-        [Check("per-target cost, max/min over 1..512", f"{spread:.2f}x", "<= 2x", spread <= 2.0)],
-        [
-            "Trees are `torch.nn.Module`s whose `mtp.layers` (a `ModuleList`) holds N leaves; one selector "
-            "patch `mtp.layers[*]._get_embeddings`, so N installs per apply.",
-            "A fresh `Registry` per run; each cycle is `registry.revert(registry.apply(set, tree))`.",
-        ],
-    )
+    return rows, spread
 
 
 # -- 3. call overhead -------------------------------------------------------------------

@@ -209,6 +209,41 @@ def cycles(settings: Settings) -> Section:
     return section
 
 
+# -- 2. scaling ----------------------------------------------------------------------------
+
+
+def scaling(settings: Settings) -> Section:
+    """Section 2: enter + exit of mtp_patched on GPTModels with 1 to 512 MTP layers; nn.Module trees beside."""
+    from benchmarks import engine
+
+    mtp = ours()
+    cycles: dict[int, tuple[Callable[[], object], int]] = {}
+    for n in engine.SIZES:
+        model = _model.build(n)
+        with patchreg.Registry("bench-probe").patched(mtp.MTP_DETACH_SET, model) as report:
+            targets = report.installed
+        cycles[n] = (_patchreg_cycle(model), targets)
+    rows, spread = engine.per_target("GPTModel, `mtp_patched` enter + exit", cycles, settings)
+    tree_rows, tree_spread = engine.tree_scaling(settings)
+    return Section(
+        2,
+        "Scaling: apply + revert over 1 to 512 MTP layers",
+        ("series", "MTP layers / leaves", "targets installed", "per cycle", "per target"),
+        rows + tree_rows,
+        [
+            Check("per-target cost, max/min over 1..512 MTP layers", f"{spread:.2f}x", "<= 2x", spread <= 2.0),
+        ],
+        [
+            "GPTModel series: real models with `mtp_num_layers` = 1, 8, 64, 512; targets = the model's "
+            "`_postprocess` plus each MTP layer's patched methods (what the report says was installed). The "
+            "target is checked on this series.",
+            f"nn.Module tree series (no target, for the engine alone): one selector patch "
+            f"`mtp.layers[*]._get_embeddings` on trees of N leaves; spread {tree_spread:.2f}x. With one target "
+            "per apply, the fixed cost of an apply (plan, claim, report, lock) is not shared by any other target.",
+        ],
+    )
+
+
 # -- 6. memory hygiene ----------------------------------------------------------------------
 
 
