@@ -97,6 +97,15 @@ def test_doctor_without_names_checks_every_set_and_counts_load_failures() -> Non
     assert "not loaded:" in out and out.rstrip().endswith("4 of 6 patch(es) would install; 1 not loaded.")
 
 
+def test_doctor_counts_not_needed_patches_as_fine() -> None:
+    """A patch skipped as not needed here (not_needed_when) keeps doctor's exit status 0 and says so."""
+    status, out = cli("doctor", "sample-fixed")
+    assert status == 0
+    row = next(line for line in out.splitlines() if line.startswith("sample-fixed ") and "workaround" in line)
+    assert "not needed" in row and f"not needed here: attrs {ATTRS}" in row
+    assert "1 of 2 patch(es) would install, 1 not needed here." in out
+
+
 def test_doctor_json_is_a_list_of_objects_with_the_same_facts() -> None:
     """`doctor --json` prints one object per patch with install, reason and versions."""
     status, out = cli("doctor", "--json", "sample-skipping", "sample-ready")
@@ -117,6 +126,7 @@ def test_doctor_json_is_a_list_of_objects_with_the_same_facts() -> None:
         "install": False,
         "reason": f"attrs {ATTRS} does not satisfy >=999",
         "versions": {"attrs": ATTRS},
+        "needed": True,
     }
     assert all(o["install"] for o in objects if o["set"] == "sample-ready")
 
