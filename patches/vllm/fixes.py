@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from patches.vllm._compat import LOSES_METRICS_ON_DELTA_MERGE
-from patchreg import Patch, PatchSet
+from patchreg import Patch, PatchSet, not_needed_when, requires
 
 __all__ = ["SPEC_DECODE_METRICS_FIXES", "keep_spec_decode_metrics"]
 
@@ -42,9 +41,11 @@ SPEC_DECODE_METRICS_FIXES = PatchSet(
             target="vllm.outputs:RequestOutput.add",
             replacement=keep_spec_decode_metrics,
             kind="wrap",
-            when=LOSES_METRICS_ON_DELTA_MERGE,
+            # needed on 0.29-0.31 only: older releases have no per-request metrics, 0.32 fixed the merge
+            when=requires("vllm") & not_needed_when(requires("vllm<0.29") | requires("vllm>=0.32")),
             doc="vLLM 0.29-0.31 drop CompletionOutput.spec_decode_metrics when merging DELTA outputs.",
         )
     ],
+    "vLLM 0.29-0.31: keep per-request spec-decode metrics when AsyncLLM merges DELTA outputs",
 )
 """Apply once per process that runs an ``AsyncLLM`` with ``output_kind=DELTA``; skipped elsewhere."""
