@@ -16,10 +16,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import torch
+import torch.distributed as dist
 
-from patches.megatron import cpu_patched, mtp_patched  # noqa: E402
+from patches.megatron import cpu_patched, mtp_patched
 
 VOCAB, SEQ, BATCH, STEPS = 128, 16, 4, 3
 

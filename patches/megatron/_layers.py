@@ -43,15 +43,15 @@ def _closure(forward: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[st
     """``run(*tensors)`` calling ``forward`` with every argument; tensors listed hidden_states first."""
     import torch
 
-    order = sorted(kwargs, key=lambda name: name != "hidden_states")
-    slots = [("arg", i, v) for i, v in enumerate(args)] + [("kw", k, kwargs[k]) for k in order]
-    tensors = [v for _, _, v in slots if torch.is_tensor(v)]
+    names = sorted(kwargs, key=lambda name: name != "hidden_states")
+    values = [*args, *(kwargs[name] for name in names)]
+    is_tensor = [torch.is_tensor(v) for v in values]
+    tensors = [v for v, t in zip(values, is_tensor, strict=True) if t]
 
     def run(*flat: Any) -> Any:
         it = iter(flat)
-        values = [(kind, key, next(it) if torch.is_tensor(v) else v) for kind, key, v in slots]
-        pos = [v for kind, _, v in sorted((s for s in values if s[0] == "arg"), key=lambda s: s[1])]
-        return forward(*pos, **{key: v for kind, key, v in values if kind == "kw"})
+        filled = [next(it) if t else v for v, t in zip(values, is_tensor, strict=True)]
+        return forward(*filled[: len(args)], **dict(zip(names, filled[len(args) :], strict=True)))
 
     return run, tensors
 

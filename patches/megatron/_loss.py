@@ -69,10 +69,8 @@ def attach_mtp_loss(
         losses.append((masked.sum() / tokens).detach())
         if model.training:
             _log_to_tracker(model, losses[-1], logits, labels, mask, depth)
-        if cfg.calculate_per_token_loss:
-            scaled = scale * masked * (total_tokens / tokens)
-        else:
-            scaled = scale * masked / tokens
+        per_token = cfg.calculate_per_token_loss  # renormalise against the main loss's token count
+        scaled = scale * masked * (total_tokens / tokens) if per_token else scale * masked / tokens
         hidden = upstream(MTP, "MTPLossAutoScaler").apply(hidden, scaled)
     for report in list(sinks.get(model, ())):
         report._record(tuple(losses))
@@ -136,4 +134,3 @@ def _global_argmax(logits: Any, tp_group: Any, sharded: bool) -> Any:
     winner = torch.stack(all_values).argmax(dim=0)
     local = torch.gather(torch.stack(all_index), 0, winner.unsqueeze(0)).squeeze(0)
     return winner * logits.size(-1) + local
-

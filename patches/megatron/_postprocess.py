@@ -144,5 +144,6 @@ def _output_processor(self: Any, a: dict[str, Any], hidden: Any, output_weight: 
     kwargs.update(runtime_gather_output=a.get("runtime_gather_output"), context=a.get("output_processor_context"))
     kwargs.update(compute_language_model_loss=self.compute_language_model_loss, config=self.config)
     kwargs.update(scale_logits=self._scale_logits)
-    return a["output_processor"](hidden_states=hidden, output_layer=self.output_layer, output_weight=output_weight, **kwargs)
-
+    return a["output_processor"](
+        hidden_states=hidden, output_layer=self.output_layer, output_weight=output_weight, **kwargs
+    )

@@ -21,9 +21,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import patchreg
-from patchreg import Patch, PatchSet, has, requires
-
 from patches.megatron._compat import MTP, RANDOM, upstream
+from patchreg import Patch, PatchSet, has, requires
 
 __all__ = ["CPU_SET", "cpu_patched"]
 
@@ -60,10 +59,10 @@ def _tracker_add(self: Any, name: str, seed: int) -> None:
 
     if seed in self.seeds_:
         msg = f"seed {seed} already exists"
-        raise Exception(msg)  # noqa: TRY002 - the type upstream raises
+        raise Exception(msg)
     if name in self.states_:
         msg = f"cuda rng state {name} already exists"
-        raise Exception(msg)  # noqa: TRY002
+        raise Exception(msg)
     self._is_initialized = True
     self.seeds_.add(seed)
     generator = torch.Generator()
@@ -79,7 +78,7 @@ def _tracker_fork(self: Any, name: str | None = None) -> Iterator[None]:
     name = name if name is not None else upstream(RANDOM, "_MODEL_PARALLEL_RNG_TRACKER_NAME")
     if name not in self.states_:
         msg = f"cuda rng state {name} is not added"
-        raise Exception(msg)  # noqa: TRY002
+        raise Exception(msg)
     outer = torch.get_rng_state()
     torch.set_rng_state(self.states_[name])
     try:

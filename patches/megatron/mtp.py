@@ -17,13 +17,12 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import patchreg
-from patchreg import Patch, PatchConflictError, PatchSet, accepts, check, has, requires
-
 from patches.megatron._compat import GPT, MTP, mcore_version, parameters, upstream
 from patches.megatron._layers import checkpointed_forward, get_embeddings_detached
 from patches.megatron._loss import sinks
 from patches.megatron._postprocess import postprocess, postprocess_detached
 from patches.megatron.errors import MTPConflictError, UnsupportedModelError
+from patchreg import Patch, PatchConflictError, PatchSet, accepts, check, has, requires
 
 __all__ = [
     "CHECKPOINTED_FORWARD",
@@ -70,6 +69,7 @@ DETACH_EMBEDDINGS = Patch(
     when=has(f"{_LAYER}._get_embeddings"),  # 0.13: absent; the postprocess patch detaches the embeddings itself
     doc="MTP layers embed the shifted tokens without gradient to the embedding",
 )
+
 
 def _recompute_is_broken() -> tuple[bool, str]:
     """Whether this release's MTP recompute needs the patch, and why (read from the signatures)."""
@@ -167,7 +167,7 @@ def language_models(model: Any) -> list[Any]:
     return found
 
 
-def _gpt_class() -> type:
+def _gpt_class() -> Any:
     from megatron.core.models.gpt.gpt_model import GPTModel
 
     return GPTModel
@@ -184,7 +184,7 @@ def _find_gpt(obj: Any, gpt_cls: Any) -> Any:
     return None
 
 
-class mtp_patched:  # noqa: N801 - used like a function: ``with mtp_patched(model):``
+class mtp_patched:
     """Context manager (and decorator): the MTP patch set on ``model`` for the duration of a block.
 
     ``detach_encoder=True``: the MTP loss trains only the MTP layers (zero gradient to the

@@ -8,10 +8,10 @@ import pytest
 
 pytest.importorskip("megatron.core", reason="megatron-core is not installed")
 
-import torch  # noqa: E402
+import torch
 
-import patchreg  # noqa: E402
-from patches.megatron import CPU_SET, cpu_patched  # noqa: E402
+import patchreg
+from patches.megatron import CPU_SET, cpu_patched
 
 
 def _namespaces() -> list[Any]:
@@ -31,7 +31,7 @@ def test_cpu_set_restores_every_namespace() -> None:
         assert report.installed == len(CPU_SET) - len(report.skipped)
         assert all(reason for _, reason in report.skipped)
         assert patchreg.registry.is_active("memory_buffer_on_cpu")
-    for ns, snap in zip(_namespaces(), before):
+    for ns, snap in zip(_namespaces(), before, strict=True):
         now = vars(ns)
         assert now.keys() == snap.keys() and all(now[k] is snap[k] for k in snap), ns
 

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("megatron.core", reason="megatron-core is not installed")
 
-from tests.megatron.conftest import free_port, record_measurement  # noqa: E402
+from tests.megatron.conftest import free_port, record_measurement
 
 
 @pytest.mark.no_distributed

@@ -41,7 +41,11 @@ def _step() -> dict[str, Any]:
         logits = model(*batch.args(), **batch.kwargs())
         (logits * 0).sum().backward()
     grads = {n: _gather(p.grad, p) for n, p in mtp_params(model).items()}
-    trunk = sum(float(p.grad.abs().sum()) for n, p in model.named_parameters() if not n.startswith("mtp.") and p.grad is not None)
+    trunk = sum(
+        float(p.grad.abs().sum())
+        for n, p in model.named_parameters()
+        if not n.startswith("mtp.") and p.grad is not None
+    )
     return {"logits": _gather_vocab(logits.detach()), "grads": grads, "losses": report.mtp_losses, "trunk": trunk}
 
 
