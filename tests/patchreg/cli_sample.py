@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from patchreg import Patch, PatchSet, always, has, not_needed_when, requires
+from patchreg import Patch, PatchSet, always, has, requires
 
 M = "tests.patchreg.sample"
 
@@ -40,13 +40,4 @@ SKIPPING = PatchSet(
         Patch("shout", f"{M}:Base.inherited", shout),
     ],
     doc="Patches that do not all install.",
-)
-
-FIXED = PatchSet(
-    "sample-fixed",
-    [
-        Patch("shout", f"{M}:module_func", shout, when=requires("attrs>=20")),
-        Patch("workaround", f"{M}:Child.method", tag, kind="wrap", when=not_needed_when(requires("attrs>=1"))),
-    ],
-    doc="One patch installs; the other works around a bug fixed in this environment.",
 )

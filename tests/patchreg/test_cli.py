@@ -99,7 +99,7 @@ def test_doctor_without_names_checks_every_set_and_counts_load_failures() -> Non
 
 def test_doctor_counts_not_needed_patches_as_fine() -> None:
     """A patch skipped as not needed here (not_needed_when) keeps doctor's exit status 0 and says so."""
-    status, out = cli("doctor", "sample-fixed")
+    status, out = cli("-m", "tests.patchreg.cli_sample_fixed", "doctor", "sample-fixed")
     assert status == 0
     row = next(line for line in out.splitlines() if line.startswith("sample-fixed ") and "workaround" in line)
     assert "not needed" in row and f"not needed here: attrs {ATTRS}" in row
