@@ -17,7 +17,7 @@ import threading
 import time
 import types
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import attrs
@@ -230,8 +230,8 @@ class Registry:
         by a post-import hook when it is (its predicate evaluated then); reverting first cancels it.
         """
         name, patches = _patches(target)
-        waiting = [p for p in patches if lazy and p.is_global and p.where.module not in sys.modules]  # type: ignore[union-attr]
-        plan, skipped = self._plan(tuple(p for p in patches if p not in waiting), obj)
+        waiting = [p for p in patches if p.is_global and p.where.module not in sys.modules] if lazy else []  # type: ignore[union-attr]
+        plan, skipped = self._plan(tuple(p for p in patches if p not in waiting) if waiting else patches, obj)
         if skipped and (strict or warn):
             self._report_skips(name, skipped, strict)
         claim = _Claim(self, name)
@@ -383,32 +383,34 @@ class Registry:
             with _LOCK:
                 return self._release(target.claim)
         _name, patches = _patches(target)
+        hits = [(patch, self._hits(patch, obj)) for patch in patches]  # user code (selectors): outside the lock
         claim = _Claim(self, _name)
         with _LOCK:
             self._purge()
             self._cancel(p for p in self._pending if p.patch in patches)
-            for patch in patches:
-                self._claim_active(patch, obj, claim)
+            for patch, found in hits:
+                for site in self._sites_of(patch, found):
+                    claim.layers.extend(la for la in site.layers if la.patch is patch and la.count > 0)
             return self._release(claim)
 
-    def _claim_active(self, patch: Patch, obj: Any, claim: _Claim) -> None:
-        for site in self._sites_of(patch, obj):
-            for layer in site.layers:
-                if layer.patch is patch and layer.count > 0:
-                    claim.layers.append(layer)
-
-    def _sites_of(self, patch: Patch, obj: Any) -> Iterator[_Site]:
-        """Our sites that ``patch`` is on, restricted to ``obj`` for selector patches."""
+    @staticmethod
+    def _hits(patch: Patch, obj: Any) -> list[Site] | None:
+        """The selector's holders on ``obj`` (None: every holder of the patch)."""
         if patch.is_global or obj is None:
-            yield from (s for s in list(self._sites.values()) if any(la.patch is patch for la in s.layers))
-            return
+            return None
         found = patch.where.resolve(obj)
-        if isinstance(found, Miss):
-            return
+        return [] if isinstance(found, Miss) else found
+
+    def _sites_of(self, patch: Patch, found: list[Site] | None) -> list[_Site]:
+        """Our sites that ``patch`` is on, restricted to ``found`` holders (under the lock)."""
+        if found is None:
+            return [s for s in self._sites.values() if any(la.patch is patch for la in s.layers)]
+        sites = []
         for hit in found:
             site = self._sites.get((id(hit.holder), hit.attr))
             if site is not None and site.ref() is hit.holder:
-                yield site
+                sites.append(site)
+        return sites
 
     def _release(self, claim: _Claim) -> int:
         """Drop one user per layer of ``claim`` (last taken first); all or nothing."""
@@ -502,8 +504,10 @@ class Registry:
         for patch in patches:
             if obj is None or patch.is_global:
                 return True
-            if any(la.patch is patch for s in self._sites_of(patch, obj) for la in s.layers):
-                return True
+            found = self._hits(patch, obj)
+            with _LOCK:
+                if any(la.patch is patch for s in self._sites_of(patch, found) for la in s.layers):
+                    return True
             with _LOCK:  # obj may be the patched holder itself
                 if any(s.ref() is obj and la.patch is patch for s in self._sites.values() for la in s.layers):
                     return True
@@ -618,18 +622,20 @@ class Patched:
         self.target = target
         self.obj = obj
         self.strict = strict
-        self._local = threading.local()
+        self._stacks: dict[int, list[Report]] = {}  # per thread (get_ident); cheaper than a threading.local
 
     def __enter__(self) -> Report:
         report = self.registry.apply(self.target, self.obj, strict=self.strict)
-        stack = self._local.__dict__.setdefault("stack", [])
-        stack.append(report)
+        self._stacks.setdefault(threading.get_ident(), []).append(report)
         return report
 
     def __exit__(self, *exc: object) -> None:
-        stack = self._local.stack
+        key = threading.get_ident()
+        stack = self._stacks[key]
         self.registry.revert(stack[-1])  # if this raises, the report stays so that the exit can be retried
         stack.pop()
+        if not stack:
+            del self._stacks[key]
 
     def __call__(self, func: F) -> F:
         @functools.wraps(func)
