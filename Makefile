@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export VLLM_TARGET_DEVICE := cpu
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: env demo test test-slow test-matrix lint bench bench-quick clean
+.PHONY: env demo test test-slow test-matrix lint bench bench-quick reliability clean
 
 env: $(STAMP)
 
@@ -34,9 +34,12 @@ test-matrix: $(STAMP)
 	bash scripts/test-matrix.sh
 
 lint: $(STAMP)
-	$(PY) -m ruff check patchreg patches tests examples benchmarks
+	$(PY) -m ruff check patchreg patches tests examples benchmarks scripts
 	$(PY) -m ruff format --check patchreg
 	$(PY) -m mypy --strict patchreg
+
+reliability: $(STAMP)
+	$(PY) scripts/reliability_report.py $(RELIABILITY_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks
