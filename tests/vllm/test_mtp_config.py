@@ -127,10 +127,18 @@ def test_engine_config_accepts_mtp_engine_kwargs(kind: str, vllm: Any, model_dir
     assert config.observability_config.per_request_spec_decode_metrics == "summary"
 
 
-def test_engine_kwargs_reject_an_unknown_metrics_level() -> None:
-    """per_request_metrics must be one of vLLM's levels."""
+def test_engine_kwargs_reject_an_unknown_metrics_level(vllm: Any, model_dirs: dict[str, Path]) -> None:
+    """per_request_metrics must be one of vLLM's levels; vLLM rejects others only at engine creation."""
+    from pydantic import ValidationError
+
     with pytest.raises(ValueError, match="per_request_metrics must be one of"):
         mtp_engine_kwargs(per_request_metrics="full")
+    with pytest.raises(ValidationError, match="per_request_spec_decode_metrics"):
+        engine_config(
+            model_dirs["deepseek_v3"],
+            speculative_config=build_mtp_speculative_config(),
+            per_request_spec_decode_metrics="full",
+        )
 
 
 def test_without_per_request_metrics_vllm_records_none(vllm: Any, model_dirs: dict[str, Path]) -> None:
@@ -190,10 +198,12 @@ def test_override_changing_method_is_rejected(make_speculative_config: Any) -> N
     assert silently.method == "ngram"
 
 
-def test_override_with_invalid_equal_looking_value_is_rejected() -> None:
-    """An override of "1" next to num_speculative_tokens=1 is not an equal value: it raises naming both."""
+def test_override_with_invalid_equal_looking_value_is_rejected(make_speculative_config: Any) -> None:
+    """An override of "1" next to num_speculative_tokens=1 raises naming both; verl's merge lets vLLM coerce it."""
     with pytest.raises(ValueError, match=r"num_speculative_tokens='1'.*contradicts num_speculative_tokens=1"):
         build_mtp_speculative_config("mtp", 1, {"num_speculative_tokens": "1"})
+    coerced = make_speculative_config("deepseek_v3", verl_merge("mtp", 1, {"num_speculative_tokens": "1"}))
+    assert coerced.num_speculative_tokens == 1
 
 
 def test_hyphenated_key_cannot_sneak_past_the_precedence_rule(vllm: Any, model_dirs: dict[str, Path]) -> None:
@@ -206,10 +216,13 @@ def test_hyphenated_key_cannot_sneak_past_the_precedence_rule(vllm: Any, model_d
     assert config.speculative_config.num_speculative_tokens == 3  # vLLM: the hyphenated key silently wins
 
 
-def test_two_spellings_of_one_key_are_rejected() -> None:
-    """Setting a key both with '-' and '_' raises instead of keeping one silently."""
-    with pytest.raises(ValueError, match="twice"):
-        build_mtp_speculative_config("mtp", 1, {"enforce-eager": True, "enforce_eager": False})
+def test_two_spellings_of_one_key_are_rejected(vllm: Any, model_dirs: dict[str, Path]) -> None:
+    """Setting a key both with '-' and '_' raises; vLLM's EngineArgs keeps the later one silently."""
+    both = {"enforce-eager": True, "enforce_eager": False}
+    with pytest.raises(ValueError, match="'enforce_eager' twice, as 'enforce-eager' and 'enforce_eager'"):
+        build_mtp_speculative_config("mtp", 1, both)
+    config = engine_config(model_dirs["deepseek_v3"], speculative_config=verl_merge("mtp", 1, both))
+    assert config.speculative_config.enforce_eager is False
 
 
 @pytest.mark.parametrize("method", ["eagle", "MTP", "deepseek", 3, None])
@@ -219,9 +232,8 @@ def test_non_mtp_methods_are_rejected(method: Any, make_speculative_config: Any)
 
     with pytest.raises(ValueError, match=r"method must be 'mtp' or one of the MTP aliases"):
         build_mtp_speculative_config(method, 1)
-    if method in ("eagle", "MTP"):
-        with pytest.raises(ValidationError):
-            make_speculative_config("deepseek_v3", {"method": method, "num_speculative_tokens": 1})
+    with pytest.raises(ValidationError):
+        make_speculative_config("deepseek_v3", {"method": method, "num_speculative_tokens": 1})
 
 
 def test_method_typo_gets_a_suggestion() -> None:
@@ -288,10 +300,12 @@ def test_non_mapping_overrides_raise_type_error(value: Any, vllm: Any, model_dir
             engine_config(model_dirs["deepseek_v3"], speculative_config=value)
 
 
-def test_non_string_keys_raise_type_error() -> None:
-    """A mapping with a non-string key raises TypeError."""
+def test_non_string_keys_raise_type_error(vllm: Any, model_dirs: dict[str, Path]) -> None:
+    """A mapping with a non-string key raises TypeError; vLLM fails with an AttributeError at engine creation."""
     with pytest.raises(TypeError, match="keys must be strings"):
         build_mtp_speculative_config("mtp", 1, {1: True})
+    with pytest.raises(AttributeError, match="'int' object has no attribute 'replace'"):
+        engine_config(model_dirs["deepseek_v3"], speculative_config=verl_merge("mtp", 1, {1: True}))
 
 
 def test_the_string_is_never_evaluated() -> None:
