@@ -56,11 +56,16 @@ run_release() {  # pytest for one release; prints nothing but pytest's tail, ret
     found=$(PYTHONPATH=$overlay "$py" -c 'import importlib.metadata as m; print(m.version("megatron-core"))' 2>/dev/null)
     [ "$found" = "$ver" ] || { say "overlay for $ver reports megatron-core ${found:-none}"; return 1; }
     rm -f "$MATRIX/$ver.measurements.jsonl"
-    PYTHONPATH=$overlay PATCHREG_MEASUREMENTS=$MATRIX/$ver.measurements.jsonl \
-        "$py" -m pytest tests/megatron tests/patchreg -m "not slow" -q -p no:cacheprovider ${PYTEST_ARGS:-} \
-        >"$MATRIX/$ver.log" 2>&1
-    local status=$?
-    tail -n 3 "$MATRIX/$ver.log" >&2
+    local suite status=0
+    for suite in megatron patchreg; do
+        PYTHONPATH=$overlay PATCHREG_MEASUREMENTS=$MATRIX/$ver.measurements.jsonl \
+            "$py" -m pytest "tests/$suite" -m "not slow" -q -p no:cacheprovider ${PYTEST_ARGS:-} \
+            >"$MATRIX/$ver.$suite.log" 2>&1
+        local rc=$?
+        SUITES+=("$suite $([ $rc = 0 ] && echo pass || echo FAIL)")
+        [ $rc = 0 ] || status=1
+        tail -n 1 "$MATRIX/$ver.$suite.log" >&2
+    done
     return $status
 }
 
@@ -81,11 +86,13 @@ summary=()
 for ver in $RELEASES; do
     say "=== megatron-core $ver ($(python_for "$ver"))"
     start=$SECONDS
+    SUITES=()
     if run_release "$ver"; then result=pass; else result=FAIL; failed=1; fi
-    summary+=("$(printf '%-8s %-5s %4ss  %s' "$ver" "$result" "$((SECONDS - start))" "$(measured "$ver")")")
+    detail=$(IFS=,; echo "${SUITES[*]:-setup failed}")
+    summary+=("$(printf '%-8s %-5s %4ss  [%s]  %s' "$ver" "$result" "$((SECONDS - start))" "$detail" "$(measured "$ver")")")
 done
 
 say ""
-say "megatron-core matrix (logs in .matrix/<ver>.log; max abs diff vs the reference):"
+say "megatron-core matrix (logs in .matrix/<ver>.<suite>.log; max abs diff vs the reference):"
 for line in "${summary[@]}"; do say "  $line"; done
 exit $failed

@@ -110,8 +110,7 @@ class MTPReport:
         self.report = report
         self.detach_encoder = detach_encoder
         self.active = True
-        self._entries = report.entries  # snapshots: the engine's report empties as the block reverts
-        self._text = str(report)
+        self._held: tuple[patchreg.Installed, ...] | None = None  # frozen when the block exits
         self._losses: tuple[Any, ...] = ()
 
     @property
@@ -126,8 +125,13 @@ class MTPReport:
 
     @property
     def entries(self) -> tuple[patchreg.Installed, ...]:
-        """The installs this block held when it was entered."""
-        return self._entries
+        """The installs this block holds (after the block: what it held when it exited)."""
+        return self.report.entries if self._held is None else self._held
+
+    def _freeze(self) -> None:
+        """Keep what was held: the engine's report empties as the block reverts."""
+        self._held = self.report.entries
+        self.active = False
 
     @property
     def mtp_losses(self) -> tuple[float, ...]:
@@ -146,15 +150,24 @@ class MTPReport:
         state = "active" if self.active else "reverted"
         head = f"mtp_patched(detach_encoder={self.detach_encoder}) on megatron-core {mcore_version()} ({state})"
         losses = ", ".join(f"depth {i + 1}: {loss:.4f}" for i, loss in enumerate(self.mtp_losses))
-        return "\n".join([head, self._text, f"  mtp losses (last step): {losses or 'none yet'}"])
+        lines = [
+            head,
+            f"  patch set {self.report.name!r}: {self.installed} newly installed, {len(self.skipped)} skipped",
+        ]
+        lines += [f"  held     {e.patch:<24} {e.holder}.{e.attr}" for e in self.entries]
+        lines += [f"  skipped  {name:<24} {reason}" for name, reason in self.skipped]
+        return "\n".join([*lines, f"  mtp losses (last step): {losses or 'none yet'}"])
 
     def __repr__(self) -> str:
         return f"<MTPReport detach_encoder={self.detach_encoder} {self.report!r} mtp_losses={self.mtp_losses}>"
 
 
+_HAS_GPT = has(f"{GPT}:GPTModel")
+
+
 def language_models(model: Any) -> list[Any]:
     """The GPTModels in ``model``: itself, through ``.module``/``.language_model``, or in a list of chunks."""
-    gpt_cls = _gpt_class() if patchreg.has(f"{GPT}:GPTModel").evaluate().ok else None
+    gpt_cls = _gpt_class() if _HAS_GPT.evaluate().ok else None
     chunks = list(model) if isinstance(model, (list, tuple)) else [model]
     found = [m for m in (_find_gpt(chunk, gpt_cls) for chunk in chunks) if m is not None]
     if not found:
@@ -228,8 +241,8 @@ class mtp_patched:
                 reports.remove(mtp_report)
             if not reports:
                 sinks.pop(model, None)
+        mtp_report._freeze()
         block.__exit__(*exc)
-        mtp_report.active = False
 
     def __call__(self, func: F) -> F:
         @functools.wraps(func)

@@ -337,3 +337,18 @@ def test_a_required_upstream_argument_we_cannot_supply_is_named() -> None:
 
     with pytest.raises(MissingUpstreamArgumentError, match="'tensor'"):
         call_kwargs(roll_tensor, {"shifts": -1})
+
+
+def test_repeated_mtp_layer_matches_reference() -> None:
+    """With mtp_use_repeated_layer (0.17+) one MTP layer serves both depths and its gradients match the reference."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    if "mtp_use_repeated_layer" not in TransformerConfig.__dataclass_fields__:
+        pytest.skip(f"megatron-core {MCORE} has no mtp_use_repeated_layer")
+    model, batch = build_gpt(mtp_num_layers=2, mtp_use_repeated_layer=True), make_batch()
+    assert len(unwrap(model).mtp.layers) == 1
+    ref, want = reference_grads(model, batch)
+    logits, report = patched_step(model, batch, detach=True)
+    assert torch.equal(logits, ref.logits) and len(report.mtp_losses) == 2
+    for name, param in mtp_params(model).items():
+        assert rel_err(grad_of(param), want[name]) <= 1e-5, name
