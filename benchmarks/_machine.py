@@ -27,6 +27,14 @@ def cores() -> str:
     return f"{usable} usable of {os.cpu_count()}"
 
 
+def load() -> str:
+    """The load averages: how busy the machine was (figures from a busy machine are noisier)."""
+    try:
+        return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
 def version(dist: str) -> str:
     try:
         return importlib.metadata.version(dist)
@@ -56,6 +64,7 @@ def describe() -> list[tuple[str, str]]:
         ("CPU", cpu_model()),
         ("cores", cores()),
         ("OS", f"{platform.system()} {platform.release()}"),
+        ("load average at start (1/5/15 min)", load()),
         ("Python", platform.python_version()),
         ("torch", version("torch")),
         ("megatron-core", version("megatron-core")),

@@ -7,17 +7,17 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Settings:
-    """Repetitions and block sizes; ``quick()`` keeps the whole run within about a minute."""
+    """Repetitions and block sizes; ``fast()`` (``--quick``) keeps the whole run within about a minute."""
 
     quick: bool = False
-    repeat: int = 31
-    cold_repeat: int = 31
+    repeat: int = 51
+    cold_repeat: int = 51
     scale_ops: int = 2048
     call_ops: int = 20000
     warm_ops: int = 20000
-    cycle_ops: int = 200
-    steps: int = 40
-    rss_steps: int = 20
+    cycle_ops: int = 300
+    steps: int = 100
+    rss_steps: int = 30
     hygiene_models: int = 100
 
     @classmethod
