@@ -73,6 +73,16 @@ def _patchreg_cycle(model: Any) -> Callable[[], None]:
     return op
 
 
+def _engine_cycle(model: Any) -> Callable[[], None]:
+    block = patchreg.registry.patched(ours().MTP_DETACH_SET, model)
+
+    def op() -> None:
+        with block:
+            pass
+
+    return op
+
+
 def _verl_cycle(verl: Any, model: Any) -> Callable[[], None]:
     def op() -> None:
         verl.patch_postprocess(model)
@@ -165,6 +175,7 @@ def cycles(settings: Settings) -> Section:
         "mock.patch.object x3",
         "MonkeyPatch x3 + undo",
         "wrapt x3 + manual restore",
+        "(engine alone: registry.patched(MTP_DETACH_SET, model))",
     ]
     builders = [
         lambda m: _patchreg_cycle(m),
@@ -172,6 +183,7 @@ def cycles(settings: Settings) -> Section:
         _mock_cycle,
         _monkeypatch_cycle,
         _wrapt_cycle,
+        _engine_cycle,
     ]
     for name, builder in zip(names, builders, strict=True):
         if builder is None:
@@ -202,6 +214,8 @@ def cycles(settings: Settings) -> Section:
         + (f" (skipped by predicate: {', '.join(skipped)})" if skipped else "")
         + "; each side runs on its own freshly built model of the same configuration (so leftovers of one side, "
         "e.g. verl's `_postprocess_backup`, cannot change another's path).",
+        "The last row is the engine alone (`Registry.patched` with the same set, no `mtp_patched` wrapper: no "
+        "model discovery, no MTP report); the difference to the first row is the patch set's own per-enter work.",
         "mock, MonkeyPatch and wrapt install the same three replacements on the same three attributes "
         "(the model's `_postprocess`, MTP layer 0's `_get_embeddings` and `_checkpointed_forward`).",
         *notes,
