@@ -56,6 +56,16 @@ def verl_applied(verl: Any, model: Any) -> Iterator[None]:
             verl.unpatch_postprocess(model)
 
 
+def verl_every_step(verl: Any, model: Any, batch: dict[str, torch.Tensor]) -> Callable[[], float]:
+    """A step with verl's patches applied before it and removed after it (the per-step pattern)."""
+
+    def step() -> float:
+        with verl_applied(verl, model):
+            return forward_backward(model, batch)
+
+    return step
+
+
 def verl_step(model: Any, batch: dict[str, torch.Tensor]) -> Callable[[], float]:
     """A step with verl's patches in place (applied by :func:`verl_applied`)."""
 
