@@ -70,16 +70,19 @@ def timed(loop: Loop, n: int) -> float:
     return elapsed / n
 
 
-def compare(variants: Mapping[str, Loop], *, number: int, repeat: int, warmup: int = 1) -> Comparison:
-    """Time every variant ``repeat`` times (blocks of ``number`` operations), interleaved."""
+def compare(
+    variants: Mapping[str, Loop], *, number: int | Mapping[str, int], repeat: int, warmup: int = 1
+) -> Comparison:
+    """Time every variant ``repeat`` times (blocks of ``number`` operations, or ``number[name]``), interleaved."""
     names = list(variants)
+    numbers = {name: number if isinstance(number, int) else number[name] for name in names}
     for name in names:
         for _ in range(warmup):
-            variants[name](max(1, number // 4))
+            variants[name](max(1, numbers[name] // 4))
     gc.collect()
     samples: dict[str, list[float]] = {name: [] for name in names}
     for r in range(repeat):
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
-            samples[name].append(timed(variants[name], number))
+            samples[name].append(timed(variants[name], numbers[name]))
     return Comparison({n: Stats.of(v) for n, v in samples.items()}, samples)

@@ -30,15 +30,16 @@ SCALE_SET = PatchSet(
 def per_target(
     label: str, cycles: dict[int, tuple[Callable[[], object], int]], settings: Settings
 ) -> tuple[list[tuple[str, ...]], float]:
-    """Time each ``(cycle, targets)`` of a series; rows and the max/min spread of the per-target medians."""
-    rows = []
-    medians = []
-    for n, (op, targets) in cycles.items():
-        number = max(2, settings.scale_ops // targets)
-        stats = compare({"cycle": looped(op)}, number=number, repeat=settings.repeat).stats["cycle"]
-        per = Stats(stats.median / targets, stats.min / targets, stats.max / targets, stats.samples)
+    """Time every ``(cycle, targets)`` of a series, interleaved; rows and the max/min of the per-target medians."""
+    variants = {str(n): looped(op) for n, (op, _targets) in cycles.items()}
+    numbers = {str(n): max(2, settings.scale_ops // targets) for n, (_op, targets) in cycles.items()}
+    stats = compare(variants, number=numbers, repeat=settings.repeat).stats
+    rows, medians = [], []
+    for n, (_op, targets) in cycles.items():
+        cycle = stats[str(n)]
+        per = Stats(cycle.median / targets, cycle.min / targets, cycle.max / targets, cycle.samples)
         medians.append(per.median)
-        rows.append((label, str(n), str(targets), stats.us(), per.us()))
+        rows.append((label, str(n), str(targets), cycle.us(), per.us()))
     return rows, max(medians) / min(medians)
 
 

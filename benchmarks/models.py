@@ -250,7 +250,8 @@ def scaling(settings: Settings) -> Section:
         [
             "GPTModel series: real models with `mtp_num_layers` = 1, 8, 64, 512; targets = the model's "
             "`_postprocess` plus each MTP layer's patched methods (what the report says was installed). The "
-            "target is checked on this series.",
+            "target is checked on this series. The sizes of a series are timed interleaved (the order rotates "
+            "every repetition), so a change in the machine's load hits every size alike.",
             f"nn.Module tree series (no target, for the engine alone): one selector patch "
             f"`mtp.layers[*]._get_embeddings` on trees of N leaves; spread {tree_spread:.2f}x. With one target "
             "per apply, the fixed cost of an apply (plan, claim, report, lock) is not shared by any other target.",
