@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from patches.megatron._compat import RANDOM, upstream
+from patchreg import PatchWarning
 
 __all__ = ["checkpointed_forward", "get_embeddings_detached"]
 
@@ -27,7 +28,8 @@ def checkpointed_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         forward = self._proj_and_transformer_layer
     method = self.config.recompute_method
     if method == "block":
-        warnings.warn("recompute_method='block' is not supported for MTP; running without recompute.", stacklevel=2)
+        msg = "recompute_method='block' is not supported for MTP layers; they run without recompute."
+        warnings.warn(msg, PatchWarning, stacklevel=2)
         return forward(*args, **kwargs)
     if method != "uniform":
         msg = f"Invalid activation recompute method {method!r} for MTP; use 'uniform'."
@@ -47,6 +49,7 @@ def _closure(forward: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[st
     values = [*args, *(kwargs[name] for name in names)]
     is_tensor = [torch.is_tensor(v) for v in values]
     tensors = [v for v, t in zip(values, is_tensor, strict=True) if t]
+    values = [None if t else v for v, t in zip(values, is_tensor, strict=True)]  # the closure keeps no tensor
 
     def run(*flat: Any) -> Any:
         it = iter(flat)

@@ -60,6 +60,7 @@ def applicable(patch_set: Any) -> set[str]:
 
 
 def grad_of(param: Any) -> Any:
+    """The parameter's gradient, zeros when it received none."""
     return param.grad if param.grad is not None else torch.zeros_like(param)
 
 
