@@ -223,6 +223,19 @@ def test_wrapped_models_are_patched_inside(wrap: Any) -> None:
         assert rel_err(grad_of(param), want[name]) <= 1e-5, name
 
 
+def test_megatron_float16_module_wrapper() -> None:
+    """Megatron-Core's own bf16 Float16Module wrapper: patched inside, MTP trains only MTP layers when detached."""
+    from megatron.core.transformer.module import Float16Module
+
+    gpt = build_gpt(bf16=True)
+    model, batch = Float16Module(gpt.config, gpt), make_batch()
+    logits, report = patched_step(model, batch, detach=True)
+    assert logits.shape == (2, 8, 64) and len(report.mtp_losses) == 1
+    assert {e.patch for e in report.entries} == applicable(MTP_DETACH_SET)
+    assert all(p.grad is None or torch.count_nonzero(p.grad) == 0 for p in trunk_params(model).values())
+    assert all(torch.count_nonzero(grad_of(p)) for n, p in mtp_params(model).items() if n.endswith("weight"))
+
+
 def test_list_of_two_chunks() -> None:
     """A list of two model chunks: every chunk's _postprocess is patched, MTP layers where they exist."""
     first = build_gpt(mtp=False, seed=1, post_process=False)
