@@ -22,7 +22,7 @@ from patches.megatron._layers import checkpointed_forward, get_embeddings_detach
 from patches.megatron._loss import sinks
 from patches.megatron._postprocess import postprocess, postprocess_detached
 from patches.megatron.errors import MTPConflictError, UnsupportedModelError
-from patchreg import Patch, PatchConflictError, PatchSet, accepts, check, has, requires
+from patchreg import Patch, PatchConflictError, PatchSet, accepts, check, has, not_needed_when, requires
 
 __all__ = [
     "CHECKPOINTED_FORWARD",
@@ -87,11 +87,19 @@ def _recompute_is_broken() -> tuple[bool, str]:
     return False, "_checkpointed_forward takes every argument and saves only tensors (fixed upstream)"
 
 
+def _recompute_is_fixed() -> tuple[bool, str]:
+    """The converse of :func:`_recompute_is_broken`, for ``not_needed_when``."""
+    broken, reason = _recompute_is_broken()
+    return not broken, reason
+
+
 CHECKPOINTED_FORWARD = Patch(
     "checkpointed_forward",
     "mtp.layers[*]._checkpointed_forward",
     checkpointed_forward,
-    when=check(_recompute_is_broken, "MTP recompute is broken upstream"),
+    when=requires("megatron-core>=0.14")
+    & has(f"{_LAYER}._checkpointed_forward")
+    & not_needed_when(check(_recompute_is_fixed, "MTP recompute is fixed upstream")),
     doc="MTP recompute saves only tensors and passes every argument (padding_mask included)",
 )
 
