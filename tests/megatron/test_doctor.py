@@ -1,0 +1,45 @@
+"""`python -m patchreg doctor` on the MTP sets, on whichever megatron-core release is installed."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import io
+import json
+
+import pytest
+from packaging.version import Version
+
+from patchreg._cli import run
+
+pytest.importorskip("megatron.core", reason="megatron-core is not installed")
+mcore = Version(Version(importlib.metadata.version("megatron-core")).base_version)
+
+
+def doctor(*names: str) -> tuple[int, dict[str, dict[str, object]]]:
+    """Run `doctor --json` in-process; return the exit status and the rows keyed by set.patch."""
+    out = io.StringIO()
+    status = run(["doctor", "--json", *names], out=out)
+    rows = {f"{r['set']}.{r['patch']}": r for r in json.loads(out.getvalue()) if "patch" in r}
+    return status, rows
+
+
+def test_doctor_answers_per_release() -> None:
+    """Every MTP patch installs or is not needed on 0.14+ (exit 0); 0.13 skips the layer patches with reasons (exit 1)."""
+    status, rows = doctor("megatron-mtp", "megatron-mtp-detached")
+    post = rows["megatron-mtp-detached.postprocess_detached"]
+    emb = rows["megatron-mtp-detached.detach_embeddings"]
+    ckpt = rows["megatron-mtp-detached.checkpointed_forward"]
+    assert post["install"] is True
+    if mcore < Version("0.14"):
+        assert status == 1
+        assert (emb["install"], ckpt["install"]) == (False, False)
+        assert "_get_embeddings does not exist" in str(emb["reason"])
+        assert "does not satisfy >=0.14" in str(ckpt["reason"])
+        return
+    assert status == 0
+    assert emb["install"] is True
+    if mcore >= Version("0.19"):
+        assert (ckpt["install"], ckpt["needed"]) == (False, False)
+        assert "fixed upstream" in str(ckpt["reason"])
+    else:
+        assert ckpt["install"] is True
