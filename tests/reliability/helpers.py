@@ -1,8 +1,13 @@
-"""Helpers for the reliability suite: namespace snapshots and small replacements."""
+"""Helpers for the reliability suite: figures, namespace snapshots; the small replacements come from tests.patchreg."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from tests.patchreg.helpers import assert_same_namespace, plain
+from tests.patchreg.helpers import tagging_wrapper as tagging
+
+__all__ = ["FIGURES", "Figures", "Namespaces", "assert_same_namespace", "plain", "raising", "tagging"]
 
 #: The session's figures (cycles run, inputs tried, objects freed), by name.
 FIGURES: dict[str, int] = {}
@@ -26,32 +31,6 @@ class Namespaces:
         """Assert every namespace holds the same keys bound to the same objects as at the snapshot."""
         for obj, snap in self.before:
             assert_same_namespace(snap, obj)
-
-
-def assert_same_namespace(before: dict[str, Any], obj: Any) -> None:
-    """Assert ``vars(obj)`` has exactly the keys of ``before``, bound to the same objects (``is``)."""
-    after = vars(obj)
-    assert set(after) == set(before), f"keys differ on {obj!r}: +{set(after) - set(before)} -{set(before) - set(after)}"
-    for key, value in before.items():
-        assert after[key] is value, f"{obj!r}.{key} is bound to a different object"
-
-
-def plain(result: Any) -> Any:
-    """A replacement returning ``result`` for any call signature."""
-
-    def replacement(*args: Any, **kwargs: Any) -> Any:
-        return result
-
-    return replacement
-
-
-def tagging(tag: str) -> Any:
-    """A wrap-patch body that tags the wrapped result."""
-
-    def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        return (tag, wrapped(*args, **kwargs))
-
-    return wrapper
 
 
 def raising(exc: BaseException) -> Any:
