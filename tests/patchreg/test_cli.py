@@ -231,7 +231,7 @@ def test_doctor_on_this_environment_lists_the_mtp_set() -> None:
     rows = json.loads(out.getvalue())
     assert [(r["set"], r["patch"]) for r in rows] == [("megatron-mtp", name) for name in MTP_SET.names]
     assert all(r["reason"] for r in rows)
-    assert status == (0 if all(r["install"] for r in rows) else 1)
+    assert status == (0 if all(r["install"] or not r["needed"] for r in rows) else 1)
     postprocess = rows[0]
     mcore = importlib.metadata.version("megatron-core")
     assert postprocess["patch"] == "postprocess"
@@ -239,3 +239,4 @@ def test_doctor_on_this_environment_lists_the_mtp_set() -> None:
     assert postprocess["versions"] == {"megatron-core": mcore}
     if Version(mcore) >= Version("0.19"):  # the release the project is developed on
         assert postprocess["install"] is True
+        assert status == 0  # checkpointed_forward is not needed here: the recompute fix is upstream
