@@ -118,7 +118,6 @@ class MTPReport:
         self.report = report
         self.detach_encoder = detach_encoder
         self.active = True
-        self._held: tuple[patchreg.Installed, ...] | None = None  # frozen when the block exits
         self._losses: tuple[Any, ...] = ()
 
     @property
@@ -133,13 +132,8 @@ class MTPReport:
 
     @property
     def entries(self) -> tuple[patchreg.Installed, ...]:
-        """The installs this block holds (after the block: what it held when it exited)."""
-        return self.report.entries if self._held is None else self._held
-
-    def _freeze(self) -> None:
-        """Keep what was held: the engine's report empties as the block reverts."""
-        self._held = self.report.entries
-        self.active = False
+        """The installs this block holds (after the block: what it held, marked "reverted")."""
+        return self.report.entries
 
     @property
     def mtp_losses(self) -> tuple[float, ...]:
@@ -226,31 +220,32 @@ class mtp_patched:
         self.registry = registry if registry is not None else patchreg.registry
         self.strict = strict
         self.patch_set = MTP_DETACH_SET if self.detach_encoder else MTP_SET
-        self._local = threading.local()
+        self._stacks: dict[int, list[tuple[MTPReport, list[Any]]]] = {}  # per thread (get_ident)
 
     def __enter__(self) -> MTPReport:
         models = language_models(self.model)
-        block = self.registry.patched(self.patch_set, self.model, strict=self.strict)
         try:
-            report = block.__enter__()
+            report = self.registry.apply(self.patch_set, self.model, strict=self.strict)
         except PatchConflictError as exc:
             raise self._conflict(exc) from exc
         mtp_report = MTPReport(report, self.detach_encoder)
         for model in models:
             sinks.setdefault(model, []).append(mtp_report)
-        self._local.__dict__.setdefault("stack", []).append((block, mtp_report, models))
+        self._stacks.setdefault(threading.get_ident(), []).append((mtp_report, models))
         return mtp_report
 
     def __exit__(self, *exc: object) -> None:
-        block, mtp_report, models = self._local.stack.pop()
+        stack = self._stacks[threading.get_ident()]
+        mtp_report, models = stack[-1]
         for model in models:
             reports = sinks.get(model, [])
             if mtp_report in reports:
                 reports.remove(mtp_report)
             if not reports:
                 sinks.pop(model, None)
-        mtp_report._freeze()
-        block.__exit__(*exc)
+        mtp_report.active = False
+        self.registry.revert(mtp_report.report)  # if this raises, the entry stays so the exit can be retried
+        stack.pop()
 
     def __call__(self, func: F) -> F:
         @functools.wraps(func)
