@@ -114,7 +114,8 @@ def test_fork_while_another_thread_holds_the_lock(patch_registry: Registry, pris
     """A fork while another thread is inside the registry gives a child whose registry still works (no deadlock)."""
     from patchreg import _registry
 
-    report = patch_registry.apply(_set(), targets.Leaf())
+    leaf = targets.Leaf()  # held: the registry keeps only weak references, a dropped leaf may be collected
+    report = patch_registry.apply(_set(), leaf)
     inside, done = threading.Event(), threading.Event()
 
     def busy() -> None:
