@@ -261,38 +261,13 @@ def distributions(pred: Predicate) -> frozenset[str]:
     return frozenset()
 
 
-def _resolve_raw(path: ImportPath) -> tuple[bool, Any, str]:
-    """Import ``path`` and read its attribute raw (from ``vars`` along the MRO)."""
-    try:
-        module = importlib.import_module(path.module)
-    except Exception as exc:  # an import of a library may raise anything
-        return False, None, f"cannot import {path.module}: {exc.__class__.__name__}: {exc}"
-    holder: Any = module
-    for part in path.parts[:-1]:
-        try:
-            holder = getattr(holder, part)
-        except AttributeError:
-            return False, None, f"{path.module} has no {path.qualname(upto=part)!r}"
-    attr = path.parts[-1]
-    for ns in _namespaces(holder):
-        if attr in ns:
-            return True, ns[attr], f"{path} exists"
-    return False, None, f"{path} does not exist"
-
-
-def _namespaces(holder: Any) -> list[dict[str, Any]]:
-    if isinstance(holder, type):
-        return [vars(k) for k in holder.__mro__]  # type: ignore[misc]
-    return [vars(holder)] if hasattr(holder, "__dict__") else []
-
-
 @attrs.frozen(cache_hash=True)
 class _Has(Predicate):
     path: str
     _parsed: ImportPath = attrs.field(eq=False, repr=False)
 
     def _evaluate(self) -> Answer:
-        found, _value, reason = _resolve_raw(self._parsed)
+        found, _value, reason = self._parsed.raw()
         return Answer(found, reason)
 
     def describe(self) -> str:
@@ -312,7 +287,7 @@ class _Accepts(Predicate):
     _parsed: ImportPath = attrs.field(eq=False, repr=False)
 
     def _evaluate(self) -> Answer:
-        found, value, reason = _resolve_raw(self._parsed)
+        found, value, reason = self._parsed.raw()
         if not found:
             return Answer(False, reason)
         func = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value

@@ -327,6 +327,7 @@ class Registry:
         if site is None or site.ref() is not holder:
             if site is not None:
                 self._drop(key)
+            # the death callback only records: it may run inside a locked section (gc); _purge drops the site
             site = self._sites[key] = _Site(holder, attr, _kind_of(holder), self._dead.append)
         elif site.layers:
             for layer in site.layers:
@@ -352,11 +353,6 @@ class Registry:
         claim.layers.append(layer)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("patchreg: installed %s on %s.%s", patch.name, site.label, site.attr)
-
-    def _on_death(self) -> Callable[[Any], None]:
-        # Only records the death: the callback may run inside a locked section (gc), so the
-        # dead sites are dropped by the next _purge.
-        return self._dead.append
 
     def _purge(self) -> None:
         if self._dead:

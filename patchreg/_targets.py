@@ -10,7 +10,7 @@ import importlib
 import re
 import sys
 import types
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 import attrs
@@ -58,8 +58,8 @@ class ImportPath:
             return ".".join(self.parts)
         return ".".join(self.parts[: self.parts.index(upto) + 1])
 
-    def resolve(self, obj: Any = None) -> list[Site] | Miss:
-        """Import the module and walk to the holder; ``obj`` is ignored (import paths are global)."""
+    def locate(self) -> Any:
+        """Import the module and walk to the object holding the attribute; a Miss says why not."""
         module = sys.modules.get(self.module)
         if module is None:
             try:
@@ -72,6 +72,24 @@ class ImportPath:
                 holder = getattr(holder, part)
             except AttributeError:
                 return Miss(f"{self.module} has no {self.qualname(upto=part)!r}")
+        return holder
+
+    def raw(self) -> tuple[bool, Any, str]:
+        """``(found, value, reason)``: the attribute as stored, from ``vars`` along the MRO."""
+        holder = self.locate()
+        if isinstance(holder, Miss):
+            return False, None, holder.reason
+        attr = self.parts[-1]
+        for ns in namespaces(holder):
+            if attr in ns:
+                return True, ns[attr], f"{self} exists"
+        return False, None, f"{self} does not exist"
+
+    def resolve(self, obj: Any = None) -> list[Site] | Miss:
+        """Import the module and walk to the holder; ``obj`` is ignored (import paths are global)."""
+        holder = self.locate()
+        if isinstance(holder, Miss):
+            return holder
         if not isinstance(holder, (type, types.ModuleType)):
             msg = (
                 f"Import path {str(self)!r} leads to {holder!r}, which is neither a module nor a class; "
@@ -79,15 +97,16 @@ class ImportPath:
             )
             raise UnpatchableTargetError(msg, target=str(self))
         attr = self.parts[-1]
-        if not any(attr in ns for ns in _namespaces(holder)):
+        if not any(attr in ns for ns in namespaces(holder)):
             return Miss(f"{self} does not exist")
         return [Site(holder, attr)]
 
 
-def _namespaces(holder: Any) -> list[Mapping[str, Any]]:
+def namespaces(holder: Any) -> list[Mapping[str, Any]]:
+    """The namespaces an attribute of ``holder`` is read from: ``vars`` along the MRO for a class."""
     if isinstance(holder, type):
         return [vars(k) for k in holder.__mro__]
-    return [vars(holder)]
+    return [vars(holder)] if hasattr(holder, "__dict__") else []
 
 
 def parse_import_path(text: object, *, field: str = "target") -> ImportPath:
@@ -382,9 +401,3 @@ def parse_target(target: object) -> ImportPath | Selector:
         return Selector(target)
     msg = f"A patch target must be a string or a Selector, got {target!r}; e.g. 'pkg.mod:Cls.attr' or 'mtp.layers[*].forward'."
     raise PatchDefinitionError(msg, target=target)
-
-
-def iter_sites(found: list[Site] | Miss) -> Iterator[Site]:
-    """The sites of a resolution, none for a miss."""
-    if not isinstance(found, Miss):
-        yield from found
