@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from patchreg._records import Report
-from patchreg._registry import Patched, Registry, Target
+from patchreg._registry import Patched, Registry, Report, Target
 
 __all__ = ["apply", "patched", "registry", "revert"]
 

@@ -1,4 +1,4 @@
-"""The records of patchreg: Patch, PatchSet, Report, Installed, and a Patch's backup slot."""
+"""The records of patchreg: Patch, PatchSet, Installed, and a Patch's backup slot."""
 
 from __future__ import annotations
 
@@ -7,18 +7,15 @@ import inspect
 import re
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import attrs
 
 from patchreg._predicates import Predicate, always
-from patchreg._targets import ImportPath, Selector, parse_target
+from patchreg._targets import ImportPath, Selector, identity, parse_target
 from patchreg.exceptions import PatchDefinitionError
 
-if TYPE_CHECKING:
-    from patchreg._registry import _Claim
-
-__all__ = ["ABSENT", "Backup", "Installed", "Patch", "PatchSet", "Report"]
+__all__ = ["ABSENT", "Backup", "Installed", "Patch", "PatchSet"]
 
 Kind = Literal["replace", "wrap"]
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.+\-]*\Z")
@@ -51,23 +48,23 @@ class Backup:
     __slots__ = ("__weakref__", "_store")
 
     def __init__(self) -> None:
-        # id(holder) -> (weak reference, stack); an emptied stack is kept until the holder dies
+        # identity(holder) -> (weak reference, stack); an emptied stack is kept until the holder dies
         self._store: dict[int, tuple[weakref.ref[Any], list[Any]]] = {}
 
     def push(self, holder: Any, original: Any) -> None:
         """Keep ``original`` as what ``holder`` had before the patch."""
-        entry = self._store.get(id(holder))
+        entry = self._store.get(identity(holder))
         if entry is None or entry[0]() is not holder:
-            entry = self._store[id(holder)] = (weakref.ref(holder, self._forget), [])
+            entry = self._store[identity(holder)] = (weakref.ref(holder, self._forget), [])
         entry[1].append(original)
 
     def pop(self, holder: Any) -> Any:
         """Take back the most recent original of ``holder``."""
-        return self._store[id(holder)][1].pop()
+        return self._store[identity(holder)][1].pop()
 
     def get(self, holder: Any, default: Any = None) -> Any:
         """The most recent original of ``holder`` (``ABSENT`` if it had none), or ``default``."""
-        entry = self._store.get(id(holder))
+        entry = self._store.get(identity(holder))
         if entry is None or not entry[1] or entry[0]() is not holder:
             return default
         return entry[1][-1]
@@ -78,7 +75,7 @@ class Backup:
                 del self._store[key]
 
     def __contains__(self, holder: object) -> bool:
-        entry = self._store.get(id(holder))
+        entry = self._store.get(identity(holder))
         return entry is not None and bool(entry[1]) and entry[0]() is holder
 
     def __len__(self) -> int:
@@ -250,62 +247,3 @@ class Installed:
     count: int
     since: float
     state: str = "active"
-
-
-@attrs.frozen(repr=False)
-class Report:
-    """What one ``apply`` did: ``installed`` (new installs), ``skipped`` ``(name, reason)`` pairs.
-
-    It stays readable after the block ends: ``entries`` then show count 0 and state "reverted".
-    """
-
-    claim: _Claim = attrs.field(eq=False)
-
-    @property
-    def name(self) -> str:
-        """The patch set's name."""
-        return self.claim.name
-
-    @property
-    def installed(self) -> int:
-        """How many installs this apply made (shared ones count 0)."""
-        return self.claim.installed
-
-    @property
-    def skipped(self) -> tuple[tuple[str, str], ...]:
-        """``(patch name, reason)`` for every patch this apply skipped."""
-        return self.claim.skipped
-
-    @property
-    def entries(self) -> tuple[Installed, ...]:
-        """The installs this apply held a reference on (new or shared)."""
-        return self.claim.entries()
-
-    @property
-    def pending(self) -> tuple[str, ...]:
-        """Names of lazy patches still waiting for their module to be imported."""
-        return tuple(p.patch.name for p in self.claim.pending if p.state == "pending")
-
-    @property
-    def held(self) -> int:
-        """How many installs this apply still holds a reference on."""
-        return self.claim.held()
-
-    @property
-    def reverted(self) -> bool:
-        """True once this apply's references were released."""
-        return self.claim.released
-
-    def __repr__(self) -> str:
-        return f"<Report {self.name!r}: {self.installed} installed, {self.held} held, {len(self.skipped)} skipped>"
-
-    def __str__(self) -> str:
-        state = " (reverted)" if self.reverted else ""
-        lines = [
-            f"patch set {self.name!r}{state}: {self.installed} newly installed, {self.held} held, "
-            f"{len(self.skipped)} skipped"
-        ]
-        lines += [f"  {e.state:<8} {e.patch:<24} {e.holder}.{e.attr} (count {e.count})" for e in self.entries]
-        lines += [f"  pending  {name:<24} installed when its module is imported" for name in self.pending]
-        lines += [f"  skipped  {name:<24} {reason}" for name, reason in self.skipped]
-        return "\n".join(lines)

@@ -25,8 +25,8 @@ import wrapt
 
 from patchreg._format import table
 from patchreg._predicates import distributions, on_refresh
-from patchreg._records import ABSENT, Installed, Patch, PatchSet, Report
-from patchreg._targets import Miss, Site
+from patchreg._records import ABSENT, Installed, Patch, PatchSet
+from patchreg._targets import Guards, Miss, Site, guards_hold, identity
 from patchreg.exceptions import (
     PatchConflictError,
     PatchDefinitionError,
@@ -50,39 +50,41 @@ Target = Patch | PatchSet | Iterable[Patch]
 
 
 class _Layer:
-    """One patch installed on one site, with its user count.
+    """One patch installed on one site, with its user count and the original it displaced.
 
     ``owns`` is an ``is`` test for the installed object that keeps no strong reference to
-    an instance it was bound to: bound methods are recognised by id and function, other
+    an instance it was bound to: bound methods are recognised by identity and function, other
     objects on instances through a weak reference.
     """
 
-    __slots__ = ("count", "func", "installed", "patch", "since", "site")
+    __slots__ = ("count", "func", "installed", "original", "patch", "since", "site")
 
-    def __init__(self, patch: Patch, site: _Site, installed: Any, since: float) -> None:
+    def __init__(self, patch: Patch, site: _Site, installed: Any, since: float, original: Any) -> None:
         self.patch = patch
         self.site = site
         self.count = 1
         self.since = since
-        self.func: Any = None
+        self.original = original  # also in patch.backup (for users); dropped once restored
         if site.kind != "instance":
             self.installed: Any = installed
+            self.func: Any = None
         elif type(installed) is types.MethodType:
-            self.installed, self.func = id(installed), installed.__func__
+            self.installed, self.func = identity(installed), installed.__func__
         else:
+            self.func = None
             try:
                 self.installed = weakref.ref(installed)
             except TypeError:
-                self.installed = id(installed)
+                self.installed = identity(installed)
 
     def owns(self, current: Any) -> bool:
         """True when ``current`` is the very object this layer installed."""
+        if self.func is not None:
+            return identity(current) == self.installed and getattr(current, "__func__", None) is self.func
         if self.site.kind != "instance":
             return current is self.installed
-        if self.func is not None:
-            return id(current) == self.installed and getattr(current, "__func__", None) is self.func
         if type(self.installed) is int:
-            return id(current) == self.installed
+            return identity(current) == self.installed
         return self.installed() is current
 
 
@@ -95,7 +97,7 @@ class _Site:
         self.ref = weakref.ref(holder, on_death)
         self.attr = attr
         self.kind = kind
-        self.key = (id(holder), attr)
+        self.key = (identity(holder), attr)
         self.layers: list[_Layer] = []
 
     @property
@@ -122,41 +124,94 @@ def _kind_of(holder: Any) -> str:
     return "class" if isinstance(holder, type) else "instance"
 
 
-class _Claim:
-    """The layers one ``apply`` took a reference on (and its lazy patches); released once.
+class Report:
+    """What one ``apply`` did, and the references it holds until it is reverted (once).
 
-    ``layers`` is kept for reporting; ``done`` counts how many, from the end, were released
-    (a release interrupted half-way is retried for the rest only).
+    ``installed`` counts new installs, ``skipped`` holds ``(name, reason)`` pairs. It stays
+    readable after the block ends: ``entries`` then show count 0 and state "reverted".
     """
 
-    __slots__ = ("done", "installed", "layers", "name", "owner", "pending", "released", "skipped")
+    __slots__ = (
+        "__weakref__",
+        "_done",
+        "_installed",
+        "_layers",
+        "_name",
+        "_owner",
+        "_released",
+        "_skipped",
+        "_waiting",
+    )
 
-    def __init__(self, owner: Registry, name: str) -> None:
-        self.owner = owner
-        self.name = name
-        self.layers: list[_Layer] = []
-        self.pending: list[_Pending] = []
-        self.released = False
-        self.done = 0
-        self.installed = 0
-        self.skipped: tuple[tuple[str, str], ...] = ()
+    def __init__(self, owner: Registry, name: str, skipped: tuple[tuple[str, str], ...] = ()) -> None:
+        self._owner = owner
+        self._name = name
+        self._layers: list[_Layer] = []  # what this apply took a reference on, in order
+        self._waiting: list[_Pending] = []  # its lazy patches
+        self._released = False
+        self._done = 0  # how many layers, from the end, were released (an interrupted release resumes)
+        self._installed = 0
+        self._skipped = skipped
 
-    def held(self) -> int:
-        return 0 if self.released else len(self.layers) - self.done
+    @property
+    def name(self) -> str:
+        """The patch set's name."""
+        return self._name
 
+    @property
+    def installed(self) -> int:
+        """How many installs this apply made (shared ones count 0)."""
+        return self._installed
+
+    @property
+    def skipped(self) -> tuple[tuple[str, str], ...]:
+        """``(patch name, reason)`` for every patch this apply skipped."""
+        return self._skipped
+
+    @property
     def entries(self) -> tuple[Installed, ...]:
-        live = len(self.layers) - self.done
-        return tuple(_installed(la, None if i < live else "reverted") for i, la in enumerate(self.layers))
+        """The installs this apply held a reference on (new or shared)."""
+        live = len(self._layers) - self._done
+        return tuple(_installed(la, None if i < live else "reverted") for i, la in enumerate(self._layers))
+
+    @property
+    def pending(self) -> tuple[str, ...]:
+        """Names of lazy patches still waiting for their module to be imported."""
+        return tuple(p.patch.name for p in self._waiting if p.state == "pending")
+
+    @property
+    def held(self) -> int:
+        """How many installs this apply still holds a reference on."""
+        return 0 if self._released else len(self._layers) - self._done
+
+    @property
+    def reverted(self) -> bool:
+        """True once this apply's references were released."""
+        return self._released
+
+    def __repr__(self) -> str:
+        return f"<Report {self.name!r}: {self.installed} installed, {self.held} held, {len(self.skipped)} skipped>"
+
+    def __str__(self) -> str:
+        state = " (reverted)" if self.reverted else ""
+        lines = [
+            f"patch set {self.name!r}{state}: {self.installed} newly installed, {self.held} held, "
+            f"{len(self.skipped)} skipped"
+        ]
+        lines += [f"  {e.state:<8} {e.patch:<24} {e.holder}.{e.attr} (count {e.count})" for e in self.entries]
+        lines += [f"  pending  {name:<24} installed when its module is imported" for name in self.pending]
+        lines += [f"  skipped  {name:<24} {reason}" for name, reason in self.skipped]
+        return "\n".join(lines)
 
 
 class _Pending:
     """A lazy patch waiting for its module to be imported."""
 
-    __slots__ = ("claim", "module", "patch", "since", "state")
+    __slots__ = ("module", "patch", "report", "since", "state")
 
-    def __init__(self, patch: Patch, claim: _Claim) -> None:
+    def __init__(self, patch: Patch, report: Report) -> None:
         self.patch = patch
-        self.claim = claim
+        self.report = report
         self.module: str = patch.where.module  # type: ignore[union-attr]
         self.since = time.time()
         self.state = "pending"
@@ -205,6 +260,165 @@ def _patches(target: object) -> tuple[str, tuple[Patch, ...]]:
     raise PatchDefinitionError(msg)
 
 
+#: One unit of an apply: (patch, holder, attribute, our site and bind mode when planned, else None and 0).
+_Work = tuple[Patch, Any, str, "_Site | None", int]
+#: What an apply traced per patch for a plan: (patch, the predicate's skip reason, sites and guards).
+_Trace = tuple[Patch, "str | None", "tuple[list[Site], Guards] | None"]
+_PLAIN, _METHOD = 1, 2  # a planned instance install: the replacement itself, or bound to the holder
+_generation = [0]  # bumped by refresh(): plans made before hold stale predicate answers
+
+
+def _stale_plans() -> None:
+    _generation[0] += 1
+
+
+on_refresh(_stale_plans)
+
+
+def _plan_key(target: object, obj: Any) -> tuple[int, ...]:
+    if isinstance(obj, (list, tuple)):
+        return (identity(target), *map(id, obj))
+    return (identity(target), identity(obj))
+
+
+def _plannable(target: object, obj: Any) -> bool:
+    return isinstance(target, (Patch, PatchSet)) and not isinstance(obj, (str, bytes, type, types.ModuleType))
+
+
+def _traced(patch: Patch, obj: Any, found: list[Site]) -> tuple[list[Site], Guards] | None:
+    """A selector's trace on ``obj`` when it agrees with ``found``; None: resolve at every apply."""
+    if patch.is_global:
+        return None
+    traced = patch.where.trace(obj)  # type: ignore[union-attr]
+    if traced is None or len(traced[0]) != len(found):
+        return None
+    for (holder, attr), hit in zip(traced[0], found, strict=True):
+        if holder is not hit.holder or attr != hit.attr:
+            return None
+    return traced
+
+
+class _Plan:
+    """One Patch or PatchSet resolved on one object, re-used while its guards hold.
+
+    ``items`` per patch: ``(patch, skip reason, entries)``: a predicate's skip (valid until
+    ``refresh()``), or entries ``(site, holder type, bind mode)`` of a traced selector, or None
+    for a patch resolved at every apply (import paths, misses, walks guards cannot follow).
+    Everything is held weakly: a plan never keeps its object alive, and goes with it.
+    """
+
+    __slots__ = ("__weakref__", "flat", "gen", "guards", "items", "key", "name", "plans", "refs", "skipped")
+
+    flat: tuple[tuple[Patch, _Site, type, int], ...] | None  # every planned install, when all are planned
+    skipped: tuple[tuple[str, str], ...]  # the predicate skips
+    gen: int
+    guards: Guards
+    items: tuple[tuple[Patch, str | None, tuple[tuple[_Site, type, int], ...] | None], ...]
+    key: tuple[int, ...]
+    name: str
+    plans: dict[tuple[int, ...], _Plan]
+    refs: tuple[weakref.ref[Any], ...]
+
+    @classmethod
+    def remember(
+        cls, registry: Registry, target: object, obj: Any, name: str, traces: list[_Trace], gen: int
+    ) -> _Plan | None:
+        """Keep a plan from the traces of an apply that just succeeded (under the lock: its sites exist)."""
+        plan = cls()
+        chunks = list(obj) if isinstance(obj, (list, tuple)) else ([] if obj is None else [obj])
+        try:
+            plan.refs = (weakref.ref(target, plan.forget), *(weakref.ref(c, plan.forget) for c in chunks))
+        except TypeError:  # an object without weak references is resolved at every apply
+            return None
+        items: list[tuple[Patch, str | None, tuple[tuple[_Site, type, int], ...] | None]] = []
+        reads: list[tuple[Any, ...]] = []
+        walks: list[tuple[Any, ...]] = []
+        for patch, reason, traced in traces:
+            entries: list[tuple[_Site, type, int]] | None = None
+            if traced is not None:
+                entries = []
+                for holder, attr in traced[0]:
+                    site = registry._sites.get((identity(holder), attr))
+                    if site is None or site.ref() is not holder:
+                        entries = None
+                        break
+                    entries.append((site, type(holder), _bind_mode(patch, site, holder)))
+            if entries is not None:
+                reads.extend(traced[1][0])  # type: ignore[index]
+                walks.extend(traced[1][1])  # type: ignore[index]
+            items.append((patch, reason, None if entries is None else tuple(entries)))
+        plan.items = tuple(items)
+        plan.guards = (tuple(reads), tuple(walks))
+        plan.skipped = tuple((p.name, reason) for p, reason, _e in items if reason is not None)
+        planned = all(reason is not None or entries is not None for _p, reason, entries in items)
+        flat = [(p, *entry) for p, _r, entries in items for entry in entries or ()]
+        plan.flat = tuple(flat) if planned else None
+        plan.gen, plan.name, plan.plans, plan.key = gen, name, registry._plans, _plan_key(target, obj)
+        registry._plans[plan.key] = plan
+        return plan
+
+    def forget(self, _dead: object = None) -> None:
+        """Drop this plan (its target or object died)."""
+        if self.plans.get(self.key) is self:
+            self.plans.pop(self.key, None)
+
+    def matches(self, target: object, obj: Any) -> bool:
+        """True when this plan was made for ``target`` on ``obj`` (the same objects, not equal ones)."""
+        refs = self.refs
+        if refs[0]() is not target:
+            return False
+        if len(refs) == 2 and refs[1]() is obj:
+            return True
+        if isinstance(obj, (list, tuple)):
+            return len(refs) == len(obj) + 1 and all(r() is c for r, c in zip(refs[1:], obj, strict=True))
+        return obj is None and len(refs) == 1
+
+    def work(self, registry: Registry, obj: Any) -> tuple[list[_Work], list[tuple[str, str]]] | None:
+        """The work and skips of an apply now, or None when the plan is stale (resolve again)."""
+        if self.gen != _generation[0] or not guards_hold(self.guards):
+            return None
+        work: list[_Work] = []
+        skipped: list[tuple[str, str]] = []
+        for patch, reason, entries in self.items:
+            if reason is not None:
+                skipped.append((patch.name, reason))
+            elif entries is None:
+                found = registry._resolve(patch, obj)
+                if isinstance(found, str):
+                    skipped.append((patch.name, found))
+                else:
+                    work.extend((patch, holder, attr, None, 0) for holder, attr in found)
+            else:
+                for site, cls, mode in entries:
+                    holder = site.ref()
+                    if holder is None or type(holder) is not cls:
+                        return None
+                    attr = site.attr
+                    if not mode or attr in holder.__dict__:  # not the clean case: the checks of a first apply
+                        _check_patchable(patch, holder, attr)
+                        work.append((patch, holder, attr, site, 0))
+                    else:
+                        work.append((patch, holder, attr, site, mode))
+        return work, skipped
+
+
+class _Stale(Exception):
+    """A plan found stale half-way through an apply (its holder died or changed class)."""
+
+
+def _bind_mode(patch: Patch, site: _Site, holder: Any) -> int:
+    """How a planned install on an instance binds the replacement (0: not planned, use the general path)."""
+    if patch.kind != "replace" or site.kind != "instance":
+        return 0
+    value = patch.replacement
+    bound = _bind_like(value, holder, site.attr, ABSENT)
+    if bound is value:
+        return _PLAIN
+    if type(value) is types.FunctionType and type(bound) is types.MethodType and bound.__self__ is holder:
+        return _METHOD
+    return 0
+
+
 class Registry:
     """Applies and reverts patches; reference-counted, exact, thread-safe.
 
@@ -218,6 +432,8 @@ class Registry:
         self._sites: dict[tuple[int, str], _Site] = {}
         self._dead: list[Any] = []
         self._pending: list[_Pending] = []
+        self._plans: dict[tuple[int, ...], _Plan] = {}
+        self._last: _Plan | None = None  # the plan used last: an RL loop re-enters the same block
 
     # -- applying -------------------------------------------------------------------------
 
@@ -228,35 +444,122 @@ class Registry:
 
         With ``lazy=True``, an import-path patch whose module is not imported yet is installed
         by a post-import hook when it is (its predicate evaluated then); reverting first cancels it.
+
+        The resolution of a Patch or PatchSet on an object is remembered (a plan) and re-used
+        while cheap guards show that resolving again would find the same holders.
         """
+        if not lazy:
+            plan = self._last
+            if plan is None or not plan.matches(target, obj):
+                plan = self._plans.get(_plan_key(target, obj))
+            if plan is not None and plan.matches(target, obj):
+                if plan.flat is not None:
+                    report = self._apply_planned(plan, strict, warn)
+                else:
+                    found = plan.work(self, obj)
+                    report = None if found is None else self._apply_work(plan.name, *found, strict, warn)
+                if report is not None:
+                    self._last = plan
+                    return report
         name, patches = _patches(target)
         waiting = [p for p in patches if p.is_global and p.where.module not in sys.modules] if lazy else []  # type: ignore[union-attr]
-        plan, skipped = self._plan(tuple(p for p in patches if p not in waiting) if waiting else patches, obj)
-        if skipped and (strict or warn):
-            self._report_skips(name, skipped, strict)
-        claim = _Claim(self, name)
-        if skipped:
-            claim.skipped = tuple(skipped)
+        traces: list[_Trace] | None = [] if not lazy and _plannable(target, obj) else None
+        gen = _generation[0]
+        work, skipped = self._plan(tuple(p for p in patches if p not in waiting) if waiting else patches, obj, traces)
+        report = self._apply_work(name, work, skipped, strict, warn, waiting)
+        if traces is not None and not report._waiting:
+            with _LOCK:
+                self._last = _Plan.remember(self, target, obj, name, traces, gen)
+        for pending in report._waiting:
+            wrapt.register_post_import_hook(functools.partial(self._fire, pending), pending.module)
+        return report
+
+    def _apply_planned(self, plan: _Plan, strict: bool, warn: bool) -> Report | None:
+        """Apply a plan whose every patch is planned; None when it turns out stale (nothing changed)."""
+        if plan.gen != _generation[0] or not guards_hold(plan.guards):
+            return None
+        if plan.skipped and (strict or warn):
+            self._report_skips(plan.name, list(plan.skipped), strict)
+        report = Report(self, plan.name, plan.skipped)
+        layers = report._layers
+        installed = 0
         with _LOCK:
             if self._dead:
                 self._purge()
-            claim.installed = self._take_all(plan, claim)
-            if waiting:
-                claim.pending = [_Pending(p, claim) for p in waiting]
-                self._pending.extend(claim.pending)
-        for pending in claim.pending:
-            wrapt.register_post_import_hook(functools.partial(self._fire, pending), pending.module)
-        return Report(claim)
+            now = time.time()
+            try:
+                for patch, site, cls, mode in plan.flat:  # type: ignore[union-attr]
+                    holder = site.ref()
+                    if holder is None or type(holder) is not cls:
+                        raise _Stale
+                    attr = site.attr
+                    ns = holder.__dict__
+                    if mode and not site.layers and attr not in ns:  # the clean case, checked when planned
+                        value = patch.replacement if mode == _PLAIN else types.MethodType(patch.replacement, holder)
+                        ns[attr] = value
+                        patch.backup.push(holder, ABSENT)
+                        layer = _Layer(patch, site, value, now, ABSENT)
+                        site.layers.append(layer)
+                        layers.append(layer)
+                        installed += 1
+                        if log.isEnabledFor(logging.DEBUG):
+                            log.debug("patchreg: installed %s on %s.%s", patch.name, _label(holder), attr)
+                    else:
+                        _check_patchable(patch, holder, attr)
+                        installed += self._take(patch, holder, attr, report, now)
+            except _Stale:
+                self._release(report)
+                return None
+            except BaseException:
+                self._release(report)
+                raise
+        report._installed = installed
+        return report
 
-    def _take_all(self, plan: list[tuple[Patch, list[Site]]], claim: _Claim) -> int:
+    def _apply_work(
+        self,
+        name: str,
+        work: list[_Work],
+        skipped: list[tuple[str, str]],
+        strict: bool,
+        warn: bool,
+        waiting: list[Patch] | None = None,
+    ) -> Report:
+        if skipped and (strict or warn):
+            self._report_skips(name, skipped, strict)
+        report = Report(self, name, tuple(skipped))
+        with _LOCK:
+            if self._dead:
+                self._purge()
+            report._installed = self._take_all(work, report)
+            if waiting:
+                report._waiting = [_Pending(p, report) for p in waiting]
+                self._pending.extend(report._waiting)
+        return report
+
+    def _take_all(self, work: list[_Work], report: Report) -> int:
+        """Take a user of every work item for ``report`` (under the lock); all or nothing."""
         installed = 0
         now = time.time()
+        layers = report._layers
         try:
-            for patch, sites in plan:
-                for site in sites:
-                    installed += self._take(patch, site, claim, now)
+            for patch, holder, attr, site, mode in work:
+                if mode and not site.layers:  # type: ignore[union-attr]
+                    ns = holder.__dict__
+                    if attr not in ns:  # a planned instance install: checked when planned, guarded since
+                        value = patch.replacement if mode == _PLAIN else types.MethodType(patch.replacement, holder)
+                        ns[attr] = value
+                        patch.backup.push(holder, ABSENT)
+                        layer = _Layer(patch, site, value, now, ABSENT)  # type: ignore[arg-type]
+                        site.layers.append(layer)  # type: ignore[union-attr]
+                        layers.append(layer)
+                        installed += 1
+                        if log.isEnabledFor(logging.DEBUG):
+                            log.debug("patchreg: installed %s on %s.%s", patch.name, _label(holder), attr)
+                        continue
+                installed += self._take(patch, holder, attr, report, now)
         except BaseException:
-            self._release(claim)
+            self._release(report)
             raise
         return installed
 
@@ -265,13 +568,13 @@ class Registry:
         if pending.state != "pending":
             return
         try:
-            plan, skipped = self._plan((pending.patch,), None)
+            work, skipped = self._plan((pending.patch,), None)
             with _LOCK:
                 if pending.state != "pending":
                     return
                 self._pending.remove(pending)
                 pending.state = "skipped: " + skipped[0][1] if skipped else "installed"
-                self._take_all(plan, pending.claim)
+                self._take_all(work, pending.report)
         except Exception as exc:  # never break the user's import statement
             pending.state = f"failed: {exc}"
             log.error("patchreg: lazy patch %s on import of %s failed: %s", pending.patch.name, pending.module, exc)
@@ -288,23 +591,41 @@ class Registry:
                 self._pending.remove(pending)
 
     def _plan(
-        self, patches: tuple[Patch, ...], obj: Any
-    ) -> tuple[list[tuple[Patch, list[Site]]], list[tuple[str, str]]]:
-        """Evaluate predicates and resolve targets, outside the lock; changes nothing."""
-        plan, skipped = [], []
+        self, patches: tuple[Patch, ...], obj: Any, traces: list[_Trace] | None = None
+    ) -> tuple[list[_Work], list[tuple[str, str]]]:
+        """Evaluate predicates and resolve targets, outside the lock; changes nothing.
+
+        With ``traces``, also appends what a :class:`_Plan` needs per patch.
+        """
+        work: list[_Work] = []
+        skipped = []
         for patch in patches:
             answer = patch.when.evaluate()
             if not answer.ok:
                 skipped.append((patch.name, answer.reason))
+                if traces is not None:
+                    traces.append((patch, answer.reason, None))
                 continue
-            found = patch.where.resolve(obj)
-            if isinstance(found, Miss):
-                skipped.append((patch.name, found.reason))
+            found = self._resolve(patch, obj)
+            if isinstance(found, str):
+                skipped.append((patch.name, found))
+                if traces is not None:
+                    traces.append((patch, None, None))
                 continue
-            for site in found:
-                _check_patchable(patch, site.holder, site.attr)
-            plan.append((patch, found))
-        return plan, skipped
+            work.extend((patch, holder, attr, None, 0) for holder, attr in found)
+            if traces is not None:
+                traces.append((patch, None, _traced(patch, obj, found)))
+        return work, skipped
+
+    @staticmethod
+    def _resolve(patch: Patch, obj: Any) -> list[Site] | str:
+        """The sites of ``patch`` on ``obj``, checked patchable; a string says why there are none."""
+        found = patch.where.resolve(obj)
+        if isinstance(found, Miss):
+            return found.reason
+        for holder, attr in found:
+            _check_patchable(patch, holder, attr)
+        return found
 
     def _report_skips(self, name: str, skipped: list[tuple[str, str]], strict: bool) -> None:
         for patch_name, reason in skipped:
@@ -316,13 +637,12 @@ class Registry:
             )
             raise TargetNotFoundError(msg, target=name)
 
-    def _take(self, patch: Patch, found: Site, claim: _Claim, now: float) -> int:
-        """Count a user of ``patch`` on ``found``, installing it if it is the first; 1 if installed.
+    def _take(self, patch: Patch, holder: Any, attr: str, report: Report, now: float) -> int:
+        """Count a user of ``patch`` on ``holder.attr``, installing it if it is the first; 1 if installed.
 
         Sites stay in the registry while their holder lives (weakly), so re-applying is cheap.
         """
-        holder, attr = found
-        key = (id(holder), attr)
+        key = (identity(holder), attr)
         site = self._sites.get(key)
         if site is None or site.ref() is not holder:
             if site is not None:
@@ -333,13 +653,13 @@ class Registry:
             for layer in site.layers:
                 if layer.patch is patch:
                     layer.count += 1
-                    claim.layers.append(layer)
+                    report._layers.append(layer)
                     return 0
             _check_compatible(patch, site)
-        self._install(patch, site, holder, claim, now)
+        self._install(patch, site, holder, report, now)
         return 1
 
-    def _install(self, patch: Patch, site: _Site, holder: Any, claim: _Claim, now: float) -> None:
+    def _install(self, patch: Patch, site: _Site, holder: Any, report: Report, now: float) -> None:
         original = site.current()
         value = _build(patch, site, holder, original)
         try:
@@ -348,9 +668,9 @@ class Registry:
             msg = f"Cannot set {site.label}.{site.attr} for patch {patch.name!r}: {exc}. Patch the code that uses it instead."
             raise UnpatchableTargetError(msg, patch=patch, target=patch.target) from exc
         patch.backup.push(holder, original)
-        layer = _Layer(patch, site, value, now)
+        layer = _Layer(patch, site, value, now, original)
         site.layers.append(layer)
-        claim.layers.append(layer)
+        report._layers.append(layer)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("patchreg: installed %s on %s.%s", patch.name, site.label, site.attr)
 
@@ -373,21 +693,21 @@ class Registry:
         Given a :class:`Report`, releases exactly what that apply took (once).
         """
         if isinstance(target, Report):
-            if target.claim.owner is not self:
-                msg = f"Report {target!r} came from registry {target.claim.owner.name!r}; revert it there."
+            if target._owner is not self:
+                msg = f"Report {target!r} came from registry {target._owner.name!r}; revert it there."
                 raise PatchDefinitionError(msg, target=target.name)
             with _LOCK:
-                return self._release(target.claim)
-        _name, patches = _patches(target)
+                return self._release(target)
+        name, patches = _patches(target)
         hits = [(patch, self._hits(patch, obj)) for patch in patches]  # user code (selectors): outside the lock
-        claim = _Claim(self, _name)
+        report = Report(self, name)
         with _LOCK:
             self._purge()
             self._cancel(p for p in self._pending if p.patch in patches)
             for patch, found in hits:
                 for site in self._sites_of(patch, found):
-                    claim.layers.extend(la for la in site.layers if la.patch is patch and la.count > 0)
-            return self._release(claim)
+                    report._layers.extend(la for la in site.layers if la.patch is patch and la.count > 0)
+            return self._release(report)
 
     @staticmethod
     def _hits(patch: Patch, obj: Any) -> list[Site] | None:
@@ -403,20 +723,25 @@ class Registry:
             return [s for s in self._sites.values() if any(la.patch is patch for la in s.layers)]
         sites = []
         for hit in found:
-            site = self._sites.get((id(hit.holder), hit.attr))
+            site = self._sites.get((identity(hit.holder), hit.attr))
             if site is not None and site.ref() is hit.holder:
                 sites.append(site)
         return sites
 
-    def _release(self, claim: _Claim) -> int:
-        """Drop one user per layer of ``claim`` (last taken first); all or nothing."""
-        if claim.released:
+    def _release(self, report: Report) -> int:
+        """Drop one user per layer of ``report`` (last taken first); all or nothing."""
+        if report._released:
             return 0
-        self._cancel(claim.pending)
-        taken = claim.layers
-        todo = len(taken) - claim.done
-        layers = [la for la in reversed(taken[:todo]) if la.count > 0 and la.site.ref() is not None]
-        _check_release(layers)
+        if report._waiting:
+            self._cancel(report._waiting)
+        taken = report._layers
+        todo = len(taken) - report._done
+        for i in range(todo):  # the common case, each layer alone on its site with one user: checked here
+            layer = taken[i]
+            site = layer.site
+            if layer.count != 1 or len(site.layers) != 1 or not layer.owns(site.current()):
+                _check_release([la for la in reversed(taken[:todo]) if la.count > 0 and la.site.ref() is not None])
+                break
         restored = 0
         for i in range(todo - 1, -1, -1):  # last taken first
             layer = taken[i]
@@ -425,19 +750,25 @@ class Registry:
                     self._uninstall(layer)
                     restored += 1
                 layer.count -= 1
-            claim.done += 1  # a retry after an interrupt releases only the rest
-        claim.released = True
+            report._done += 1  # a retry after an interrupt releases only the rest
+        report._released = True
         return restored
 
     def _uninstall(self, layer: _Layer) -> None:
         site = layer.site
         holder = site.ref()
-        original = layer.patch.backup.get(holder)
-        if original is ABSENT:
-            _delete(site, holder)
+        original = layer.original
+        if site.kind == "instance":
+            if original is ABSENT:
+                del holder.__dict__[site.attr]
+            else:
+                holder.__dict__[site.attr] = original
+        elif original is ABSENT:
+            delattr(holder, site.attr)
         else:
-            _write(site, holder, original)
-        layer.patch.backup.pop(holder)
+            setattr(holder, site.attr, original)
+        layer.patch.backup.pop(holder)  # after the restore: an interrupt loses nothing
+        layer.original = None
         site.layers.pop()
         if log.isEnabledFor(logging.DEBUG):
             log.debug("patchreg: restored %s.%s (%s)", site.label, site.attr, layer.patch.name)
@@ -469,14 +800,14 @@ class Registry:
         if checkpoint.owner is not self:
             msg = f"Checkpoint came from registry {checkpoint.owner.name!r}; roll back there."
             raise PatchDefinitionError(msg)
-        claim = _Claim(self, "rollback")
+        report = Report(self, "rollback")
         with _LOCK:
             self._purge()
             self._cancel(p for p in self._pending if p not in checkpoint.pending)
             for site in self._sites.values():
                 for layer in site.layers:  # bottom first: the release runs top first
-                    claim.layers.extend([layer] * (layer.count - checkpoint.counts.get(layer, 0)))
-            return self._release(claim)
+                    report._layers.extend([layer] * (layer.count - checkpoint.counts.get(layer, 0)))
+            return self._release(report)
 
     def patched(self, target: Target, obj: Any = None, *, strict: bool = False) -> Patched:
         """A context manager (and decorator) that applies on entry and reverts on exit."""
@@ -531,7 +862,7 @@ class Registry:
 
     def _would(self, patch: Patch, hit: Site) -> tuple[str, str]:
         with _LOCK:
-            site = self._sites.get((id(hit.holder), hit.attr))
+            site = self._sites.get((identity(hit.holder), hit.attr))
             if site is not None and site.ref() is hit.holder:
                 for layer in site.layers:
                     if layer.patch is patch:
@@ -670,13 +1001,13 @@ def _check_patchable(patch: Patch, holder: Any, attr: str) -> None:
         _check_wrappable(patch, holder, attr)
 
 
-#: Classes whose instances were found patchable for an attribute: id(cls) -> (weakref, {attr: raw
+#: Classes whose instances were found patchable for an attribute: identity(cls) -> (weakref, {attr: raw
 #: class attribute}). Cleared by patchreg.refresh() (after changing a class's descriptors).
 _VERIFIED: dict[int, tuple[weakref.ref[type], dict[str, Any]]] = {}
 
 
 def _verified(cls: type, attr: str) -> bool:
-    entry = _VERIFIED.get(id(cls))
+    entry = _VERIFIED.get(identity(cls))
     return entry is not None and attr in entry[1] and entry[0]() is cls
 
 
@@ -695,9 +1026,9 @@ def _check_instance_class(patch: Patch, cls: type, attr: str) -> None:
             f"patch the class with '{cls.__module__}:{cls.__qualname__}.{attr}'."
         )
         raise UnpatchableTargetError(msg, patch=patch, target=patch.target)
-    entry = _VERIFIED.get(id(cls))
+    entry = _VERIFIED.get(identity(cls))
     if entry is None or entry[0]() is not cls:
-        entry = _VERIFIED[id(cls)] = (weakref.ref(cls), {})
+        entry = _VERIFIED[identity(cls)] = (weakref.ref(cls), {})
     entry[1][attr] = raw
 
 
@@ -811,7 +1142,7 @@ def _bind_like(value: Any, holder: Any, attr: str, original: Any) -> Any:
     if original is not ABSENT:  # something already in vars(instance): bind only if it is our method
         bound = getattr(original, "__self__", None) is holder and callable(original)
         return value.__get__(holder, cls) if bound and hasattr(value, "__get__") else value
-    entry = _VERIFIED.get(id(cls))
+    entry = _VERIFIED.get(identity(cls))
     raw = entry[1].get(attr, ABSENT) if entry is not None and entry[0]() is cls else _class_raw(cls, attr)
     if type(raw) is types.FunctionType:
         return value.__get__(holder, cls) if hasattr(value, "__get__") else value
@@ -829,10 +1160,3 @@ def _write(site: _Site, holder: Any, value: Any) -> None:
         vars(holder)[site.attr] = value
     else:
         setattr(holder, site.attr, value)
-
-
-def _delete(site: _Site, holder: Any) -> None:
-    if site.kind == "instance":
-        del vars(holder)[site.attr]
-    else:
-        delattr(holder, site.attr)

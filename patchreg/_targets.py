@@ -7,22 +7,29 @@ apply time and yields :class:`Site` records (a holder object and an attribute na
 from __future__ import annotations
 
 import importlib
+import operator
 import re
 import sys
 import types
-from collections.abc import Iterable, Mapping
+import weakref
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
 import attrs
 
 from patchreg.exceptions import PatchDefinitionError, UnpatchableTargetError
 
-__all__ = ["ImportPath", "Selector", "Site", "parse_import_path", "parse_target"]
+__all__ = ["Guards", "ImportPath", "Selector", "Site", "guards_hold", "parse_import_path", "parse_target"]
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _DOTTED = re.compile(rf"{_IDENT}(?:\.{_IDENT})*\Z")
 _SEGMENT = re.compile(rf"({_IDENT})((?:\[(?:\*|-?[0-9]+)\])*)\Z")
 _INDEX = re.compile(r"\[(\*|-?[0-9]+)\]")
+
+#: An object's identity as an int: unique among live objects, like ``id()``, but without the
+#: ``builtins.id`` audit event. In a process with an audit hook (filelock, which torch imports,
+#: installs one) every ``id()`` call runs that hook: about 0.4 µs, more than a whole install.
+identity: Callable[[object], int] = object.__hash__
 
 #: Attributes walked through, outermost first, when a selector's first name is not on the object.
 DEFAULT_UNWRAP = ("module", "language_model")
@@ -203,6 +210,40 @@ class Selector:
                 return None
         return [Site(holder, attr) for holder in holders]
 
+    def trace(self, obj: Any) -> tuple[list[Site], Guards] | None:
+        """The sites on ``obj`` and the guards that tell cheaply whether a later resolution finds them again.
+
+        None when the walk passes through something guards cannot follow (an unwrap, a class
+        attribute or property, a plain list, an object without weak references): the caller
+        then resolves every time. Guards hold only weak references.
+        """
+        chunks = obj if isinstance(obj, (list, tuple)) else (obj,)
+        reads: list[tuple[Any, ...]] = []
+        walks: list[tuple[Any, ...]] = []
+        sites: list[Site] = []
+        for chunk in chunks:
+            holders = [chunk]
+            for step in self._steps[:-1]:
+                nxt: list[Any] = []
+                for holder in holders:
+                    value = _traced_get(holder, step.name, reads)
+                    if value is _UNSET:
+                        return None
+                    items = [value]
+                    for index in step.indices:
+                        selected = _traced_select(items, index, walks)
+                        if selected is None:
+                            return None
+                        items = selected
+                    nxt.extend(items)
+                holders = nxt
+            attr = self._steps[-1].name
+            for holder in holders:  # the attribute must come from the class (its type is checked at apply)
+                if isinstance(holder, _NOT_INSTANCES) or class_attr(type(holder), attr) is _UNSET:
+                    return None
+            sites.extend(Site(holder, attr) for holder in holders)
+        return sites, (tuple(reads), tuple(walks))
+
     def _explain(self, obj: Any) -> str:
         """Why the selector finds nothing on ``obj`` (the slow path, with dotted locations)."""
         first = self._steps[0].name
@@ -220,6 +261,105 @@ class Selector:
             if not _has_attr(holder, last):
                 return f"{where or type(holder).__name__} has no attribute {last!r}"
         return "nothing matched"
+
+
+#: ``(reads, walks)``: reads are ``(holder ref, name, mapping name or None, value ref)``; walks are
+#: ``(container ref, container type, by values, element refs)``.
+Guards = tuple[tuple[tuple[Any, ...], ...], tuple[tuple[Any, ...], ...]]
+
+
+def guards_hold(guards: Guards) -> bool:
+    """True while every read and walk of a trace would find the same objects again."""
+    reads, walks = guards
+    for href, name, mapping, vref in reads:
+        holder = href()
+        if holder is None:
+            return False
+        ns = holder.__dict__
+        if mapping is None:
+            found = ns.get(name)
+        elif name in ns:
+            return False
+        else:
+            inner = ns.get(mapping)
+            found = inner.get(name) if isinstance(inner, dict) else None
+        if found is None or found is not vref():
+            return False
+    for cref, cls, by_values, snapshot in walks:
+        container = cref()
+        if container is None or type(container) is not cls:
+            return False
+        try:
+            elements = list(container.values() if by_values else container)
+        except Exception:  # a container's own code: any failure means resolve again
+            return False
+        if len(elements) != len(snapshot) or not all(map(operator.is_, elements, [r() for r in snapshot])):
+            return False
+    return True
+
+
+def class_attr(cls: type, name: str) -> Any:
+    """The attribute as stored on ``cls`` or its bases (``vars`` along the MRO), or ``_UNSET``."""
+    for klass in cls.__mro__:
+        ns = vars(klass)
+        if name in ns:
+            return ns[name]
+    return _UNSET
+
+
+def _weak(obj: Any) -> Any:
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return None
+
+
+def _traced_get(holder: Any, name: str, reads: list[tuple[Any, ...]]) -> Any:
+    """``getattr(holder, name)`` where a guard can re-check it: from the instance ``__dict__``, or from
+    one of the dicts in it (``nn.Module._modules``) when the class's ``__getattr__`` serves it."""
+    cls = type(holder)
+    ns = getattr(holder, "__dict__", None)
+    if type(ns) is not dict or cls.__getattribute__ is not object.__getattribute__:  # type: ignore[comparison-overlap]
+        return _UNSET
+    raw = class_attr(cls, name)
+    if raw is not _UNSET and (name not in ns or hasattr(type(raw), "__set__")):
+        return _UNSET  # served by the class (a property, a descriptor): not followed
+    mapping = None
+    if name in ns:
+        value = ns[name]
+    else:
+        value = getattr(holder, name, _UNSET)
+        if value is _UNSET:
+            return _UNSET
+        for key, inner in ns.items():
+            if isinstance(inner, dict) and inner.get(name, _UNSET) is value:
+                mapping = key
+                break
+        else:
+            return _UNSET
+    href, vref = _weak(holder), _weak(value)
+    if href is None or vref is None:
+        return _UNSET
+    reads.append((href, name, mapping, vref))
+    return value
+
+
+def _traced_select(items: list[Any], index: str, walks: list[tuple[Any, ...]]) -> list[Any] | None:
+    """:func:`_select` over weakly referenceable containers and elements, recording each walk."""
+    for value in items:
+        if isinstance(value, (list, tuple, str, bytes)):
+            return None
+        by_values = isinstance(value, Mapping) or _is_module_dict(value)
+        try:
+            elements = list(value.values() if by_values else value)
+        except Exception:
+            return None
+        cref, snapshot = _weak(value), tuple(_weak(e) for e in elements)
+        if cref is None or None in snapshot:
+            return None
+        walks.append((cref, type(value), by_values, snapshot))
+    selected = _select(items, index)
+    return selected or None
 
 
 def _select(items: list[Any], index: str) -> list[Any]:
@@ -295,9 +435,9 @@ def _unwrap_to(obj: Any, name: str, unwrap: tuple[str, ...]) -> Any:
     queue, seen = [obj], set()
     while queue:
         current = queue.pop(0)
-        if id(current) in seen or current is None:
+        if identity(current) in seen or current is None:
             continue
-        seen.add(id(current))
+        seen.add(identity(current))
         if _has_attr(current, name):
             return current
         for attr in unwrap:

@@ -165,11 +165,14 @@ class MTPReport:
 
 
 _HAS_GPT = has(f"{GPT}:GPTModel")
+_GPT_CLASS: list[Any] = []  # GPTModel, once imported
 
 
 def language_models(model: Any) -> list[Any]:
     """The GPTModels in ``model``: itself, through ``.module``/``.language_model``, or in a list of chunks."""
-    gpt_cls = _gpt_class() if _HAS_GPT.evaluate().ok else None
+    gpt_cls = _GPT_CLASS[0] if _GPT_CLASS else _gpt_class()
+    if gpt_cls is not None and isinstance(model, gpt_cls):
+        return [model]
     chunks = list(model) if isinstance(model, (list, tuple)) else [model]
     found = [m for m in (_find_gpt(chunk, gpt_cls) for chunk in chunks) if m is not None]
     if not found:
@@ -183,17 +186,20 @@ def language_models(model: Any) -> list[Any]:
 
 
 def _gpt_class() -> Any:
+    if not _HAS_GPT.evaluate().ok:
+        return None
     from megatron.core.models.gpt.gpt_model import GPTModel
 
+    _GPT_CLASS.append(GPTModel)
     return GPTModel
 
 
 def _find_gpt(obj: Any, gpt_cls: Any) -> Any:
-    seen: set[int] = set()
-    while gpt_cls and obj is not None and id(obj) not in seen:
+    seen: list[Any] = []
+    while gpt_cls and obj is not None and not any(obj is s for s in seen):
         if isinstance(obj, gpt_cls):
             return obj
-        seen.add(id(obj))
+        seen.append(obj)
         inner = getattr(obj, "module", None)
         obj = inner if inner is not None else getattr(obj, "language_model", None)
     return None
@@ -224,8 +230,8 @@ class mtp_patched:
 
     def __enter__(self) -> MTPReport:
         models = language_models(self.model)
-        try:
-            report = self.registry.apply(self.patch_set, self.model, strict=self.strict)
+        try:  # the GPTModels themselves: what the selectors find through any wrapper, without the walk
+            report = self.registry.apply(self.patch_set, models[0] if len(models) == 1 else models, strict=self.strict)
         except PatchConflictError as exc:
             raise self._conflict(exc) from exc
         mtp_report = MTPReport(report, self.detach_encoder)

@@ -1,0 +1,239 @@
+"""Plans: a Patch or PatchSet resolved once on an object, re-used only while resolving again would agree.
+
+Every test changes the object between two applies and checks the second apply patches exactly what a
+fresh resolution finds (and nothing the first one found but no longer belongs), then restores exactly.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from typing import Any
+
+import pytest
+
+import patchreg
+from patchreg import Patch, PatchSet, Registry, check
+from tests.patchreg.helpers import plain, snapshot
+
+
+class Node:
+    """A module-like object: children live in ``_children`` and are served by ``__getattr__`` (as nn.Module)."""
+
+    def __init__(self, tag: str = "node", **children: Any) -> None:
+        self.tag = tag
+        self._children: dict[str, Any] = dict(children)
+
+    def __getattr__(self, name: str) -> Any:
+        children = self.__dict__.get("_children", {})
+        if name in children:
+            return children[name]
+        raise AttributeError(name)
+
+    def forward(self, x: int) -> tuple[str, int]:
+        return (self.tag, x)
+
+
+class Layers:
+    """An nn.ModuleList-like container: iterable, weakly referenceable, elements in a dict."""
+
+    def __init__(self, *items: Any) -> None:
+        self._children = {str(i): item for i, item in enumerate(items)}
+
+    def __iter__(self) -> Any:
+        return iter(self._children.values())
+
+    def __len__(self) -> int:
+        return len(self._children)
+
+    def append(self, item: Any) -> None:
+        self._children[str(len(self._children))] = item
+
+    def replace(self, i: int, item: Any) -> None:
+        self._children[str(i)] = item
+
+
+def model(n: int = 2) -> Node:
+    return Node("model", mtp=Node("mtp", layers=Layers(*(Node(f"layer{i}") for i in range(n)))))
+
+
+FORWARD = Patch("forward", "mtp.layers[*].forward", plain("patched"))
+OWN = Patch("own", "forward", plain("own"))
+SET = PatchSet("plans", (OWN, FORWARD))
+
+
+def patched_tags(m: Node) -> list[str]:
+    return [layer.tag for layer in m.mtp.layers if "forward" in vars(layer)]
+
+
+def cycle(registry: Registry, m: Node, target: Any = SET) -> patchreg.Report:
+    with registry.patched(target, m) as report:
+        assert m.forward(1) == "own"
+        assert all(layer.forward(1) == "patched" for layer in m.mtp.layers)
+    return report
+
+
+def test_a_plan_is_made_once_and_reused() -> None:
+    registry, m = Registry("t"), model()
+    cycle(registry, m)
+    (plan,) = registry._plans.values()
+    cycle(registry, m)
+    assert list(registry._plans.values()) == [plan]
+    assert plan.flat is not None and len(plan.flat) == 3
+
+
+def test_replaced_layer_is_patched_and_the_old_one_is_not() -> None:
+    registry, m = Registry("t"), model()
+    cycle(registry, m)
+    old = m.mtp.layers._children["1"]
+    m.mtp.layers.replace(1, Node("new"))
+    with registry.patched(SET, m):
+        assert patched_tags(m) == ["layer0", "new"]
+        assert "forward" not in vars(old)
+    assert patched_tags(m) == []
+
+
+def test_appended_layer_is_patched() -> None:
+    registry, m = Registry("t"), model()
+    cycle(registry, m)
+    m.mtp.layers.append(Node("layer2"))
+    with registry.patched(SET, m) as report:
+        assert patched_tags(m) == ["layer0", "layer1", "layer2"]
+        assert report.installed == 4
+
+
+def test_replaced_intermediate_is_followed() -> None:
+    registry, m = Registry("t"), model()
+    cycle(registry, m)
+    m._children["mtp"] = Node("mtp2", layers=Layers(Node("other")))
+    with registry.patched(SET, m):
+        assert patched_tags(m) == ["other"]
+
+
+def test_shadowing_instance_attribute_is_followed() -> None:
+    registry, m = Registry("t"), model()
+    cycle(registry, m)
+    m.mtp = Node("shadow", layers=Layers(Node("shadowed")))  # instance __dict__ wins over __getattr__
+    with registry.patched(SET, m):
+        assert patched_tags(m) == ["shadowed"]
+
+
+def test_class_swap_of_a_holder_replans() -> None:
+    class Sub(Node):
+        def forward(self, x: int) -> tuple[str, int]:
+            return ("sub", x)
+
+    registry, m = Registry("t"), model()
+    cycle(registry, m)
+    layer = m.mtp.layers._children["0"]
+    layer.__class__ = Sub
+    with registry.patched(SET, m):
+        assert layer.forward(1) == "patched"
+    assert layer.forward(1) == ("sub", 1)
+
+
+def test_refresh_re_evaluates_predicates() -> None:
+    answer = [True]
+    gated = Patch("gated", "forward", plain("gated"), when=check(lambda: (answer[0], "the flag"), "flag"))
+    registry, m = Registry("t"), model()
+    with registry.patched(gated, m) as report:
+        assert report.installed == 1
+    answer[0] = False
+    with registry.patched(gated, m) as report:  # cached answer: still installs
+        assert report.installed == 1
+    patchreg.refresh()
+    with registry.patched(gated, m) as report:
+        assert report.installed == 0 and report.skipped == (("gated", "the flag"),)
+
+
+def test_a_foreign_value_in_the_namespace_takes_the_checked_path_and_is_restored() -> None:
+    registry, m = Registry("t"), model()
+    cycle(registry, m)
+    layer = m.mtp.layers._children["0"]
+    mine = plain("mine")
+    layer.forward = mine
+    before = snapshot(layer)
+    with registry.patched(SET, m):
+        assert layer.forward(1) == "patched"
+    assert snapshot(layer) == before and vars(layer)["forward"] is mine
+
+
+def test_unplannable_walks_resolve_every_time() -> None:
+    from tests.patchreg.sample import Leaf, Tree
+
+    registry, tree = Registry("t"), Tree(2)  # blocks is a plain list: no weak references, no guard
+    blocks = Patch("blocks", "blocks[*].forward", plain("b"))
+    with registry.patched(blocks, tree):
+        pass
+    tree.blocks.append(Leaf("block2"))
+    with registry.patched(blocks, tree) as report:
+        assert report.installed == 3
+        assert all(b.forward(0) == "b" for b in tree.blocks)
+
+
+def test_nested_blocks_share_through_a_plan() -> None:
+    registry, m = Registry("t"), model()
+    cycle(registry, m)
+    with registry.patched(SET, m) as outer:
+        with registry.patched(SET, m) as inner:
+            assert inner.installed == 0 and outer.installed == 3
+            assert {e.count for e in inner.entries} == {2}
+        assert patched_tags(m) == ["layer0", "layer1"]
+    assert patched_tags(m) == []
+
+
+def test_stale_holder_half_way_leaves_nothing_behind() -> None:
+    registry, m = Registry("t"), model()
+    cycle(registry, m)
+    (plan,) = registry._plans.values()
+    layer = m.mtp.layers._children["1"]
+    layer.__class__ = type("Other", (Node,), {})  # found stale at the second layer, after two installs
+    with registry.patched(SET, m) as report:
+        assert report.installed == 3
+    assert registry._plans[plan.key] is not plan
+    assert patched_tags(m) == [] and "forward" not in vars(m)
+
+
+def test_plans_hold_no_strong_reference() -> None:
+    registry = Registry("t")
+    m = model()
+    layers = list(m.mtp.layers)
+    cycle(registry, m)
+    refs = [weakref.ref(o) for o in (m, m.mtp, *layers)]
+    del m, layers
+    gc.disable()
+    try:
+        assert [r() for r in refs] == [None] * len(refs)  # freed by reference counting alone
+        assert registry._plans == {}
+    finally:
+        gc.enable()
+
+
+def test_temporary_patch_sets_do_not_accumulate_plans() -> None:
+    registry, m = Registry("t"), model()
+    for i in range(20):
+        temporary = PatchSet(f"tmp{i}", (Patch("p", "mtp.layers[*].forward", plain(i)),))
+        with registry.patched(temporary, m):
+            pass
+        del temporary
+    assert len(registry._plans) <= 1
+
+
+def test_chunk_lists_are_planned_per_chunk() -> None:
+    registry, a, b = Registry("t"), model(1), model(1)
+    for _ in range(2):
+        with registry.patched(FORWARD, [a, b]) as report:
+            assert report.installed == 2
+    b.mtp.layers.replace(0, Node("fresh"))
+    with registry.patched(FORWARD, [a, b]):
+        assert patched_tags(b) == ["fresh"]
+
+
+@pytest.mark.parametrize("first", ["planned", "fresh"])
+def test_strict_still_raises_on_a_planned_skip(first: str) -> None:
+    gated = Patch("never", "forward", plain(0), when=check(lambda: (False, "never applies"), "never"))
+    registry, m = Registry("t"), model()
+    if first == "planned":
+        registry.apply(gated, m)
+    with pytest.raises(patchreg.TargetNotFoundError, match="never applies"):
+        registry.apply(gated, m, strict=True)
