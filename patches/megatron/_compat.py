@@ -1,8 +1,10 @@
 """Calling Megatron-Core across releases: arguments built from the installed signatures.
 
-Every upstream call the patches make goes through :func:`call`, which reads the callee's
-signature once (cached), passes the arguments it accepts, and raises
-:class:`MissingUpstreamArgumentError` for a required parameter the patch cannot supply.
+Every upstream call the patches make goes through :func:`call` (or an :class:`Adapter`), which
+reads the callee's signature once per function object (cached), passes the arguments it
+accepts, and raises :class:`MissingUpstreamArgumentError` for a required parameter the patch
+cannot supply. The per-call work is a dict comprehension over the accepted names: training
+steps call these on every forward.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import inspect
+import sys
+import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -19,9 +23,15 @@ __all__ = [
     "GPT",
     "MTP",
     "RANDOM",
+    "Adapter",
+    "Binder",
+    "adapter",
+    "binder",
+    "cache_key",
     "call",
     "call_kwargs",
     "mcore_version",
+    "module",
     "parameters",
     "upstream",
 ]
@@ -32,6 +42,9 @@ MTP = "megatron.core.transformer.multi_token_prediction"
 RANDOM = "megatron.core.tensor_parallel.random"
 
 _PARAMS: dict[Any, tuple[dict[str, inspect.Parameter], bool]] = {}
+_ADAPTERS: dict[Any, Adapter] = {}
+_BINDERS: dict[Any, Binder] = {}
+_FUNCTION = types.FunctionType
 
 
 def mcore_version() -> str:
@@ -42,9 +55,17 @@ def mcore_version() -> str:
         return "not installed"
 
 
-def upstream(module: str, qualname: str) -> Any:
+def module(name: str) -> Any:
+    """The upstream module ``name``, imported on first use (then a ``sys.modules`` lookup)."""
+    found = sys.modules.get(name)  # the import system's own first step, without its call overhead
+    return found if found is not None else importlib.import_module(name)
+
+
+def upstream(module_name: str, qualname: str) -> Any:
     """The attribute ``qualname`` of the upstream module, or None when it does not exist."""
-    obj: Any = importlib.import_module(module)
+    obj: Any = module(module_name)
+    if "." not in qualname:
+        return getattr(obj, qualname, None)
     for part in qualname.split("."):
         obj = getattr(obj, part, None)
         if obj is None:
@@ -58,9 +79,18 @@ def _unwrap(func: Any) -> Any:
     return getattr(func, "__wrapped__", func)
 
 
+def cache_key(func: Any) -> Any:
+    """The cache key of ``func``: itself when a plain function (stable, no attribute probing), else what it wraps.
+
+    Bound methods and wrapt proxies are made afresh on each attribute access and would keep their
+    instance alive in the cache, so they are keyed by the function under them.
+    """
+    return func if type(func) is _FUNCTION else _unwrap(func)
+
+
 def parameters(func: Callable[..., Any]) -> tuple[dict[str, inspect.Parameter], bool]:
     """The named parameters of ``func`` (without ``self``) and whether it takes ``**kwargs``; cached."""
-    key = _unwrap(func)
+    key = cache_key(func)
     found = _PARAMS.get(key)
     if found is None:
         sig = inspect.signature(func)
@@ -72,6 +102,37 @@ def parameters(func: Callable[..., Any]) -> tuple[dict[str, inspect.Parameter], 
     return found
 
 
+class Adapter:
+    """What one callee accepts, read once: :meth:`kwargs` picks those names out of what a patch has."""
+
+    __slots__ = ("names", "required", "takes_kwargs", "where")
+
+    def __init__(self, func: Callable[..., Any]) -> None:
+        named, self.takes_kwargs = parameters(func)
+        self.where = _where(func)  # a name, not the callee: a bound method would keep its instance alive
+        self.names = tuple(named)
+        self.required = tuple(n for n, p in named.items() if p.default is p.empty)
+
+    def kwargs(self, available: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Keyword arguments: what the callee accepts from ``available``, plus all of ``extra``."""
+        kwargs = {name: available[name] for name in self.names if name in available}
+        for name in self.required:
+            if name not in kwargs:
+                raise _missing(self.where, name)
+        if extra:
+            kwargs.update(extra)
+        return kwargs
+
+
+def adapter(func: Callable[..., Any]) -> Adapter:
+    """The :class:`Adapter` of ``func``, cached per function object (bound methods share their function's)."""
+    key = cache_key(func)
+    found = _ADAPTERS.get(key)
+    if found is None:
+        found = _ADAPTERS[key] = Adapter(func)
+    return found
+
+
 def call_kwargs(
     func: Callable[..., Any], available: Mapping[str, Any], extra: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -79,24 +140,67 @@ def call_kwargs(
 
     A required parameter missing from ``available`` raises :class:`MissingUpstreamArgumentError`.
     """
-    named, _takes_kwargs = parameters(func)
-    kwargs = {}
-    for name, param in named.items():
-        if name in available:
-            kwargs[name] = available[name]
-        elif param.default is param.empty:
-            raise _missing(func, name)
-    kwargs.update(extra or {})
-    return kwargs
+    return adapter(func).kwargs(available, extra)
 
 
 def call(func: Callable[..., Any], available: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> Any:
     """Call ``func`` with :func:`call_kwargs`."""
-    return func(**call_kwargs(func, available, extra))
+    return func(**adapter(func).kwargs(available, extra))
 
 
-def _missing(func: Callable[..., Any], name: str) -> MissingUpstreamArgumentError:
-    where = getattr(_unwrap(func), "__qualname__", repr(func))
+class Binder:
+    """``inspect.Signature.bind`` + ``apply_defaults`` of one method, with fast paths for plain calls.
+
+    A call passing every parameter by keyword (what ``GPTModel.forward`` does) is returned as
+    it came; one whose arguments otherwise fit the signature (positional ones in order, known
+    keywords, every required name given) is bound without ``inspect``; anything else goes
+    through the signature, which binds it or raises the ``TypeError`` Python would.
+    """
+
+    __slots__ = ("allowed", "defaults", "positional", "required", "signature", "simple")
+
+    def __init__(self, func: Callable[..., Any]) -> None:
+        self.signature = inspect.signature(func)
+        params = list(self.signature.parameters.values())[1:]  # without self
+        kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        self.simple = all(p.kind in kinds for p in params)
+        self.positional = tuple(p.name for p in params if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        self.allowed = frozenset(p.name for p in params)
+        self.required = tuple(p.name for p in params if p.default is p.empty)
+        self.defaults = {p.name: p.default for p in params if p.default is not p.empty}
+
+    def bind(self, obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The call's arguments by name (without ``self``), defaults filled in; do not mutate the result."""
+        if self.simple:
+            if not args and kwargs.keys() == self.allowed:
+                return kwargs
+            if len(args) <= len(self.positional) and self.allowed.issuperset(kwargs):
+                given = dict(zip(self.positional, args, strict=False))
+                if given.keys().isdisjoint(kwargs):
+                    given.update(kwargs)
+                    if all(name in given for name in self.required):
+                        return {**self.defaults, **given}
+        bound = self.signature.bind(obj, *args, **kwargs)
+        bound.apply_defaults()
+        arguments = dict(bound.arguments)
+        arguments.pop(next(iter(self.signature.parameters)), None)
+        return arguments
+
+
+def binder(func: Callable[..., Any]) -> Binder:
+    """The :class:`Binder` of ``func`` (an unbound method), cached per function object."""
+    key = cache_key(func)
+    found = _BINDERS.get(key)
+    if found is None:
+        found = _BINDERS[key] = Binder(func)
+    return found
+
+
+def _where(func: Callable[..., Any]) -> str:
+    return str(getattr(_unwrap(func), "__qualname__", repr(func)))
+
+
+def _missing(where: str, name: str) -> MissingUpstreamArgumentError:
     msg = (
         f"{where} in megatron-core {mcore_version()} requires the argument {name!r}, which patches.megatron "
         "cannot supply on this release; pin a supported megatron-core (0.13.1-0.19.2) or report this release "
