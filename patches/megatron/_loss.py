@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from patches.megatron._compat import MTP, call, upstream
+from patches.megatron._compat import MTP, adapter, cache_key, module, upstream
 
 __all__ = ["attach_mtp_loss", "process_groups", "roll", "sinks"]
 
@@ -30,12 +30,24 @@ def process_groups(model: Any) -> tuple[Any, Any]:
     return cp, tp
 
 
+_ROLL_ARGS = frozenset(("tensor", "shifts", "dims", "cp_group", "packed_seq_params"))
+_ROLL_TAKES_ALL: dict[Any, bool] = {}
+
+
 def roll(tensor: Any, cp_group: Any, packed_seq_params: Any) -> tuple[Any, Any]:
     """``roll_tensor(tensor, -1)`` of the installed release, with the CP/packing arguments it takes."""
     roll_tensor = upstream(MTP, "roll_tensor")
+    key = cache_key(roll_tensor)
+    takes_all = _ROLL_TAKES_ALL.get(key)
+    if takes_all is None:  # read once per roll_tensor: 0.16+ take all five
+        takes_all = _ROLL_TAKES_ALL[key] = _ROLL_ARGS.issubset(adapter(roll_tensor).names)
+    if takes_all:
+        return roll_tensor(  # type: ignore[no-any-return]
+            tensor=tensor, shifts=-1, dims=-1, cp_group=cp_group, packed_seq_params=packed_seq_params
+        )
     available = {"tensor": tensor, "shifts": -1, "dims": -1, "cp_group": cp_group}
     available["packed_seq_params"] = packed_seq_params
-    return call(roll_tensor, available)  # type: ignore[no-any-return]
+    return roll_tensor(**adapter(roll_tensor).kwargs(available))  # type: ignore[no-any-return]
 
 
 def _head_weight(model: Any, output_weight: Any, detach: bool) -> Any:
@@ -56,24 +68,29 @@ def attach_mtp_loss(
     labels, mask = args["labels"], args.get("loss_mask")
     mask = torch.ones_like(labels) if mask is None else mask
     total_tokens = mask.sum()
-    cp_group, _tp = process_groups(model)
+    cp_group, tp_group = process_groups(model)
+    packed, gather = args.get("packed_seq_params"), args.get("runtime_gather_output")
     weight = _head_weight(model, output_weight, detach)
     scale = cfg.mtp_loss_scaling_factor / cfg.mtp_num_layers
+    per_token = cfg.calculate_per_token_loss  # renormalise against the main loss's token count
+    scaler = upstream(MTP, "MTPLossAutoScaler")
+    log = _TrackerLog(model, tp_group, gather) if model.training else None
     losses = []
     for depth, states in enumerate(depth_states):
-        logits = _mtp_logits(model, states, weight, args.get("runtime_gather_output"))
-        labels, _ = roll(labels, cp_group, args.get("packed_seq_params"))
-        mask, num_tokens = roll(mask, cp_group, args.get("packed_seq_params"))
+        logits = _mtp_logits(model, states, weight, gather)
+        labels, _ = roll(labels, cp_group, packed)
+        mask, num_tokens = roll(mask, cp_group, packed)
         masked = mask * model.compute_language_model_loss(labels, logits)
         tokens = num_tokens.clamp(min=1)
         losses.append((masked.sum() / tokens).detach())
-        if model.training:
-            _log_to_tracker(model, losses[-1], logits, labels, mask, depth)
-        per_token = cfg.calculate_per_token_loss  # renormalise against the main loss's token count
+        if log is not None:
+            log.save(losses[-1], logits, labels, mask, depth)
         scaled = scale * masked * (total_tokens / tokens) if per_token else scale * masked / tokens
-        hidden = upstream(MTP, "MTPLossAutoScaler").apply(hidden, scaled)
-    for report in list(sinks.get(model, ())):
-        report._record(tuple(losses))
+        hidden = scaler.apply(hidden, scaled)
+    reports = sinks.get(model)
+    if reports:
+        for report in list(reports):
+            report._record(tuple(losses))
     return hidden
 
 
@@ -85,37 +102,56 @@ def _mtp_logits(model: Any, states: Any, weight: Any, runtime_gather_output: Any
 
 
 def _avg_group() -> Any:
-    from megatron.core import parallel_state
-
+    parallel_state = module("megatron.core.parallel_state")
     if not parallel_state.model_parallel_is_initialized():
         return None
     return parallel_state.get_data_parallel_group(with_context_parallel=True)
 
 
-def _log_to_tracker(model: Any, loss: Any, logits: Any, labels: Any, mask: Any, depth: int) -> None:
-    """Megatron-Core's own MTP tracker, through whichever API the release has."""
-    helper = upstream(MTP, "MTPLossLoggingHelper")
-    available = {"loss": loss, "layer_number": depth, "num_layers": model.config.mtp_num_layers}
-    available["avg_group"] = _avg_group()
-    if hasattr(helper, "save_metrics_to_tracker"):
-        correct, total = _acceptance(model, logits, labels, mask)
-        call(helper.save_metrics_to_tracker, {**available, "correct": correct, "total": total})
-    else:
-        call(helper.save_loss_to_tracker, available)
+class _TrackerLog:
+    """Megatron-Core's own MTP tracker for one forward, through whichever API the release has.
+
+    0.19+ (``save_metrics_to_tracker``): the loss and the greedy acceptance counts of each depth,
+    as upstream's ``process_mtp_loss`` logs them; before: the loss (``save_loss_to_tracker``).
+    The helper, its API and the data-parallel group are looked up once per forward, not per depth.
+    """
+
+    __slots__ = ("available", "gather", "model", "save_fn", "saver", "tp_group", "wants_counts")
+
+    def __init__(self, model: Any, tp_group: Any, runtime_gather_output: Any) -> None:
+        helper = upstream(MTP, "MTPLossLoggingHelper")
+        save = getattr(helper, "save_metrics_to_tracker", None)
+        self.wants_counts = save is not None
+        self.save_fn = save if save is not None else helper.save_loss_to_tracker
+        self.saver = adapter(self.save_fn)
+        self.model, self.tp_group, self.gather = model, tp_group, runtime_gather_output
+        self.available = {"num_layers": model.config.mtp_num_layers, "avg_group": _avg_group()}
+
+    def save(self, loss: Any, logits: Any, labels: Any, mask: Any, depth: int) -> None:
+        available = self.available
+        available["loss"], available["layer_number"] = loss, depth
+        if self.wants_counts:
+            sharded = _vocab_sharded(self.model.output_layer, self.gather)
+            available["correct"], available["total"] = _acceptance(logits, labels, mask, self.tp_group, sharded)
+        self.save_fn(**self.saver.kwargs(available))
 
 
-def _acceptance(model: Any, logits: Any, labels: Any, mask: Any) -> tuple[Any, Any]:
-    """(correct, total) greedy predictions of one depth on valid tokens; vocab-parallel aware."""
-    import torch
+def _acceptance(logits: Any, labels: Any, mask: Any, tp_group: Any, sharded: bool) -> tuple[Any, Any]:
+    """(correct, total) greedy predictions of one depth on valid tokens; vocab-parallel aware.
 
-    with torch.no_grad():
-        preds = _global_argmax(logits, process_groups(model)[1], _vocab_sharded(model.output_layer))
-        valid = mask.transpose(0, 1).bool()
-        correct = ((preds == labels.transpose(0, 1)) & valid).sum().float()
-        return correct, valid.sum().float()
+    ``logits`` are ``[s, b, v]``, ``labels`` and ``mask`` ``[b, s]``; no op here records autograd
+    history (argmax and comparisons have no gradient), so no ``no_grad`` block is needed.
+    """
+    preds = _global_argmax(logits, tp_group, sharded).transpose(0, 1)  # [b, s], a view
+    valid = mask.bool()
+    correct = (preds == labels).logical_and_(valid).sum().float()
+    return correct, valid.sum().float()
 
 
-def _vocab_sharded(output_layer: Any) -> bool:
+def _vocab_sharded(output_layer: Any, runtime_gather_output: Any) -> bool:
+    """Whether the MTP logits are still split over the vocabulary across tensor-parallel ranks (as upstream)."""
+    if runtime_gather_output is not None:
+        return not runtime_gather_output
     return not getattr(output_layer, "gather_output", False)
 
 
@@ -123,14 +159,15 @@ def _global_argmax(logits: Any, tp_group: Any, sharded: bool) -> Any:
     import torch
     import torch.distributed as dist
 
-    size = dist.get_world_size(group=tp_group) if tp_group is not None and dist.is_initialized() else 1
-    if size == 1 or not sharded:
+    size = dist.get_world_size(group=tp_group) if sharded and tp_group is not None and dist.is_initialized() else 1
+    if size == 1:
         return logits.argmax(dim=-1)
-    values, index = logits.max(dim=-1)
-    all_values = [torch.empty_like(values) for _ in range(size)]
-    all_index = [torch.empty_like(index) for _ in range(size)]
-    dist.all_gather(all_values, values, group=tp_group)
-    dist.all_gather(all_index, index, group=tp_group)
-    winner = torch.stack(all_values).argmax(dim=0)
-    local = torch.gather(torch.stack(all_index), 0, winner.unsqueeze(0)).squeeze(0)
-    return winner * logits.size(-1) + local
+    with torch.no_grad():  # max() would record history for the values
+        values, index = logits.max(dim=-1)
+        all_values = [torch.empty_like(values) for _ in range(size)]
+        all_index = [torch.empty_like(index) for _ in range(size)]
+        dist.all_gather(all_values, values, group=tp_group)
+        dist.all_gather(all_index, index, group=tp_group)
+        winner = torch.stack(all_values).argmax(dim=0)
+        local = torch.gather(torch.stack(all_index), 0, winner.unsqueeze(0)).squeeze(0)
+        return winner * logits.size(-1) + local

@@ -8,17 +8,16 @@ are given and the model has MTP layers, runs them and attaches their loss to the
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
-from patches.megatron._compat import call_kwargs, parameters, upstream
+from patches.megatron._compat import adapter, binder, cache_key, parameters, upstream
 from patches.megatron._loss import attach_mtp_loss, process_groups, roll
 
 __all__ = ["postprocess", "postprocess_detached"]
 
-_SIGNATURES: dict[Any, inspect.Signature] = {}
 _NO_INFERENCE_MODE = object()
 _inference_mode: Any = None
+_TAKES_DECODER_INPUT: dict[Any, bool] = {}
 
 
 def postprocess(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -33,29 +32,25 @@ def postprocess_detached(self: Any, *args: Any, **kwargs: Any) -> Any:
 
 def _bind(self: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """The call's arguments by name, defaults filled in, against the class's own ``_postprocess``."""
-    func = type(self)._postprocess
-    sig = _SIGNATURES.get(func)
-    if sig is None:
-        sig = _SIGNATURES[func] = inspect.signature(func)
-    bound = sig.bind(self, *args, **kwargs)
-    bound.apply_defaults()
-    return dict(bound.arguments)
+    return binder(type(self)._postprocess).bind(self, args, kwargs)
 
 
 def _inference_mode_cls() -> Any:
+    """The release's ``InferenceMode`` (0.18+) when it can say whether inference is active, else a sentinel."""
     global _inference_mode
     if _inference_mode is None:
         try:
-            _inference_mode = upstream("megatron.core.inference.utils", "InferenceMode") or _NO_INFERENCE_MODE
+            mode = upstream("megatron.core.inference.utils", "InferenceMode")
         except ImportError:
-            _inference_mode = _NO_INFERENCE_MODE
+            mode = None
+        _inference_mode = mode if mode is not None and hasattr(mode, "is_active") else _NO_INFERENCE_MODE
     return _inference_mode
 
 
 def _in_inference(self: Any, a: dict[str, Any]) -> bool:
     """Inference as the release itself decides it (0.18+: InferenceMode; before: a context outside training)."""
     mode = _inference_mode_cls()
-    if mode is not _NO_INFERENCE_MODE and hasattr(mode, "is_active"):
+    if mode is not _NO_INFERENCE_MODE:
         return bool(mode.is_active())
     context = a.get("inference_context") or a.get("inference_params")
     return context is not None and not self.training
@@ -105,19 +100,39 @@ def _run_mtp(self: Any, a: dict[str, Any], hidden: Any, detach: bool) -> list[An
     import torch
 
     mtp_in = hidden.detach() if detach else hidden
-    if "decoder_input" in parameters(type(self.mtp.layers[0]).forward)[0]:
+    if _takes_decoder_input(type(self.mtp.layers[0]).forward):
         return _drive_layers(self, a, mtp_in, detach)
-    available = {**_layer_inputs(a), "hidden_states": mtp_in, "embedding": self.embedding}
-    available.update(input_ids=a["input_ids"], position_ids=a["position_ids"])
-    out = self.mtp(**call_kwargs(type(self.mtp).forward, available, a.get("extra_block_kwargs")))
+    available = _layer_inputs(a)
+    available.update(hidden_states=mtp_in, embedding=self.embedding, input_ids=a["input_ids"])
+    available["position_ids"] = a["position_ids"]
+    out = self.mtp(**adapter(type(self.mtp).forward).kwargs(available, a.get("extra_block_kwargs")))
     return list(torch.chunk(out[hidden.shape[0] :], self.config.mtp_num_layers, dim=0))
 
 
+def _takes_decoder_input(layer_forward: Any) -> bool:
+    """0.13's MTP layers take the embedded shifted tokens (``decoder_input``); read once per forward function."""
+    key = cache_key(layer_forward)
+    found = _TAKES_DECODER_INPUT.get(key)
+    if found is None:
+        found = _TAKES_DECODER_INPUT[key] = "decoder_input" in parameters(layer_forward)[0]
+    return found
+
+
+_LAYER_INPUTS = (
+    "attention_mask",
+    "rotary_pos_emb",
+    "rotary_pos_cos",
+    "rotary_pos_sin",
+    "packed_seq_params",
+    "sequence_len_offset",
+    "padding_mask",
+)
+
+
 def _layer_inputs(a: dict[str, Any]) -> dict[str, Any]:
-    names = ("attention_mask", "rotary_pos_emb", "rotary_pos_cos", "rotary_pos_sin", "packed_seq_params")
-    found = {name: a.get(name) for name in names}
-    found.update(sequence_len_offset=a.get("sequence_len_offset"), padding_mask=a.get("padding_mask"))
-    return {**found, "inference_params": None}  # MTP layers use no KV cache (as upstream 0.17+)
+    found = {name: a.get(name) for name in _LAYER_INPUTS}
+    found["inference_params"] = None  # MTP layers use no KV cache (as upstream 0.17+)
+    return found
 
 
 def _drive_layers(self: Any, a: dict[str, Any], hidden: Any, detach: bool) -> list[Any]:
@@ -131,7 +146,7 @@ def _drive_layers(self: Any, a: dict[str, Any], hidden: Any, detach: bool) -> li
         embedded = self.embedding(input_ids=ids, position_ids=pos)
         inputs = {**_layer_inputs(a), "hidden_states": hidden}
         inputs["decoder_input"] = embedded.detach() if detach else embedded
-        hidden = layer(**call_kwargs(type(layer).forward, inputs, a.get("extra_block_kwargs")))
+        hidden = layer(**adapter(type(layer).forward).kwargs(inputs, a.get("extra_block_kwargs")))
         states.append(hidden)
     return states
 

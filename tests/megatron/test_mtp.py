@@ -112,6 +112,26 @@ def test_report_carries_per_depth_losses_and_tracker_gets_them() -> None:
     assert "depth 2:" in str(report)
 
 
+@pytest.mark.parametrize("masked", ["some", "none"])
+def test_tracker_acceptance_counts_equal_upstreams_own(masked: str) -> None:
+    """Where the tracker takes acceptance counts (0.19+), ours equal what upstream's own MTP loss path logs."""
+    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
+    if not hasattr(MTPLossLoggingHelper, "save_metrics_to_tracker"):
+        pytest.skip(f"megatron-core {MCORE} logs the MTP loss only")
+    model, batch = build_gpt(mtp_num_layers=2), make_batch(masked=masked)
+    MTPLossLoggingHelper.tracker.clear()
+    model(*batch.args(), **batch.kwargs())  # upstream: the language-model loss, MTP metrics to the tracker
+    want = {key: MTPLossLoggingHelper.tracker[key].clone() for key in ("loss_values", "correct_values", "total_values")}
+    MTPLossLoggingHelper.tracker.clear()
+    patched_step(model, batch, detach=True)
+    got = MTPLossLoggingHelper.tracker
+    assert torch.equal(got["correct_values"], want["correct_values"])
+    assert torch.equal(got["total_values"], want["total_values"])
+    assert got["total_values"].tolist() == [float(batch.loss_mask[:, d:].sum()) for d in (1, 2)]
+    assert got["loss_values"].tolist() == pytest.approx(want["loss_values"].tolist(), rel=1e-6)
+
+
 def test_eval_mode_leaves_the_tracker_alone() -> None:
     """In eval mode the MTP loss is still computed for the report, but nothing is logged to the tracker."""
     from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
