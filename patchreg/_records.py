@@ -38,51 +38,42 @@ ABSENT: Any = _Absent()
 
 
 class Backup:
-    """The originals a patch displaced, keyed weakly by the object patched.
+    """A patch's backup slot: the originals its live installs displaced, by the object patched.
 
-    Each holder has a stack (a patch applied by two registries on one holder stacks);
-    the entry disappears when the holder is garbage collected. Registries push and pop
-    under patchreg's lock; users may read it (``patch.backup.get(obj)``).
+    A read-only view: the registries keep each original with its install and drop it once it
+    is restored, so nothing here can outlive or disagree with what is installed. ``get(obj)``
+    is the most recent original on ``obj`` (``ABSENT`` if the attribute was not in its
+    namespace); a patch applied by two registries on one holder stacks, the later on top.
     """
 
-    __slots__ = ("__weakref__", "_store")
+    __slots__ = ("__weakref__", "_patch")
 
-    def __init__(self) -> None:
-        # identity(holder) -> (weak reference, stack); an emptied stack is kept until the holder dies
-        self._store: dict[int, tuple[weakref.ref[Any], list[Any]]] = {}
+    def __init__(self, patch: Any = None) -> None:
+        self._patch = weakref.ref(patch) if patch is not None else None
 
-    def push(self, holder: Any, original: Any) -> None:
-        """Keep ``original`` as what ``holder`` had before the patch."""
-        entry = self._store.get(identity(holder))
-        if entry is None or entry[0]() is not holder:
-            entry = self._store[identity(holder)] = (weakref.ref(holder, self._forget), [])
-        entry[1].append(original)
-
-    def pop(self, holder: Any) -> Any:
-        """Take back the most recent original of ``holder``."""
-        return self._store[identity(holder)][1].pop()
+    def _pairs(self) -> list[tuple[Any, Any]]:
+        patch = self._patch() if self._patch is not None else None
+        return [] if patch is None or _originals is None else _originals(patch)
 
     def get(self, holder: Any, default: Any = None) -> Any:
         """The most recent original of ``holder`` (``ABSENT`` if it had none), or ``default``."""
-        entry = self._store.get(identity(holder))
-        if entry is None or not entry[1] or entry[0]() is not holder:
-            return default
-        return entry[1][-1]
-
-    def _forget(self, dead: weakref.ref[Any]) -> None:
-        for key, (ref, _stack) in list(self._store.items()):
-            if ref is dead:
-                del self._store[key]
+        found = [original for h, original in self._pairs() if h is holder]
+        return found[-1] if found else default
 
     def __contains__(self, holder: object) -> bool:
-        entry = self._store.get(identity(holder))
-        return entry is not None and bool(entry[1]) and entry[0]() is holder
+        return any(h is holder for h, _original in self._pairs())
 
     def __len__(self) -> int:
-        return sum(1 for ref, stack in list(self._store.values()) if stack and ref() is not None)
+        """How many objects have an original kept."""
+        return len({identity(h) for h, _original in self._pairs()})
 
     def __repr__(self) -> str:
         return f"<Backup of {len(self)} object(s)>"
+
+
+#: Set by the registry module: ``(patch) -> [(holder, original), ...]`` over every live install of
+#: ``patch`` in every registry, oldest first.
+_originals: Callable[[Any], list[tuple[Any, Any]]] | None = None
 
 
 def _check_name(instance: Any, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -115,6 +106,7 @@ class Patch:
 
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "where", parse_target(self.target))
+        object.__setattr__(self, "backup", Backup(self))
         _validate(self)
 
     @property

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.metadata
+import itertools
 import logging
 import os
 import sys
@@ -23,6 +24,7 @@ from typing import Any, TypeVar
 import attrs
 import wrapt
 
+from patchreg import _records
 from patchreg._format import table
 from patchreg._predicates import distributions, on_refresh
 from patchreg._records import ABSENT, Installed, Patch, PatchSet
@@ -49,29 +51,29 @@ F = TypeVar("F", bound=Callable[..., Any])
 Target = Patch | PatchSet | Iterable[Patch]
 
 
+_SEQUENCE = itertools.count()
+
+
 class _Layer:
     """One patch installed on one site, with its user count and the original it displaced.
 
-    ``owns`` is an ``is`` test for the installed object that keeps no strong reference to
-    an instance it was bound to: bound methods are recognised by identity and function, other
-    objects on instances through a weak reference.
+    ``owns`` is an ``is`` test for the installed object that keeps no strong reference to an
+    instance it was bound to: on instances the installed object (a bound method, usually) is
+    held through a weak reference; one that cannot be weakly referenced, by its identity.
     """
 
-    __slots__ = ("count", "func", "installed", "original", "patch", "since", "site")
+    __slots__ = ("count", "installed", "original", "patch", "seq", "since", "site")
 
     def __init__(self, patch: Patch, site: _Site, installed: Any, since: float, original: Any) -> None:
         self.patch = patch
         self.site = site
         self.count = 1
         self.since = since
-        self.original = original  # also in patch.backup (for users); dropped once restored
+        self.seq = next(_SEQUENCE)  # install order across registries (patch.backup stacks by it)
+        self.original = original  # what patch.backup shows; dropped once restored
         if site.kind != "instance":
             self.installed: Any = installed
-            self.func: Any = None
-        elif type(installed) is types.MethodType:
-            self.installed, self.func = identity(installed), installed.__func__
         else:
-            self.func = None
             try:
                 self.installed = weakref.ref(installed)
             except TypeError:
@@ -79,13 +81,12 @@ class _Layer:
 
     def owns(self, current: Any) -> bool:
         """True when ``current`` is the very object this layer installed."""
-        if self.func is not None:
-            return identity(current) == self.installed and getattr(current, "__func__", None) is self.func
+        installed: Any = self.installed
         if self.site.kind != "instance":
-            return current is self.installed
-        if type(self.installed) is int:
-            return identity(current) == self.installed
-        return self.installed() is current
+            return current is installed
+        if type(installed) is weakref.ReferenceType:
+            return installed() is current
+        return bool(identity(current) == installed)
 
 
 class _Site:
@@ -429,6 +430,7 @@ class Registry:
 
     def __init__(self, name: str = "default") -> None:
         self.name = name
+        _REGISTRIES.add(self)
         self._sites: dict[tuple[int, str], _Site] = {}
         self._dead: list[Any] = []
         self._pending: list[_Pending] = []
@@ -487,6 +489,7 @@ class Registry:
             if self._dead:
                 self._purge()
             now = time.time()
+            debug = log.isEnabledFor(logging.DEBUG)
             try:
                 for patch, site, cls, mode in plan.flat:  # type: ignore[union-attr]
                     holder = site.ref()
@@ -497,12 +500,11 @@ class Registry:
                     if mode and not site.layers and attr not in ns:  # the clean case, checked when planned
                         value = patch.replacement if mode == _PLAIN else types.MethodType(patch.replacement, holder)
                         ns[attr] = value
-                        patch.backup.push(holder, ABSENT)
                         layer = _Layer(patch, site, value, now, ABSENT)
                         site.layers.append(layer)
                         layers.append(layer)
                         installed += 1
-                        if log.isEnabledFor(logging.DEBUG):
+                        if debug:
                             log.debug("patchreg: installed %s on %s.%s", patch.name, _label(holder), attr)
                     else:
                         _check_patchable(patch, holder, attr)
@@ -549,7 +551,6 @@ class Registry:
                     if attr not in ns:  # a planned instance install: checked when planned, guarded since
                         value = patch.replacement if mode == _PLAIN else types.MethodType(patch.replacement, holder)
                         ns[attr] = value
-                        patch.backup.push(holder, ABSENT)
                         layer = _Layer(patch, site, value, now, ABSENT)  # type: ignore[arg-type]
                         site.layers.append(layer)  # type: ignore[union-attr]
                         layers.append(layer)
@@ -667,7 +668,6 @@ class Registry:
         except (TypeError, AttributeError) as exc:
             msg = f"Cannot set {site.label}.{site.attr} for patch {patch.name!r}: {exc}. Patch the code that uses it instead."
             raise UnpatchableTargetError(msg, patch=patch, target=patch.target) from exc
-        patch.backup.push(holder, original)
         layer = _Layer(patch, site, value, now, original)
         site.layers.append(layer)
         report._layers.append(layer)
@@ -745,10 +745,12 @@ class Registry:
         restored = 0
         for i in range(todo - 1, -1, -1):  # last taken first
             layer = taken[i]
-            if layer.count > 0 and layer.site.ref() is not None:
-                if layer.count == 1:  # restore before forgetting: an interrupt loses nothing
+            if layer.count == 1:  # restore before forgetting: an interrupt loses nothing
+                if layer.site.ref() is not None:
                     self._uninstall(layer)
                     restored += 1
+                layer.count = 0
+            elif layer.count > 0:
                 layer.count -= 1
             report._done += 1  # a retry after an interrupt releases only the rest
         report._released = True
@@ -767,9 +769,8 @@ class Registry:
             delattr(holder, site.attr)
         else:
             setattr(holder, site.attr, original)
-        layer.patch.backup.pop(holder)  # after the restore: an interrupt loses nothing
+        site.layers.pop()  # after the restore: an interrupt loses nothing
         layer.original = None
-        site.layers.pop()
         if log.isEnabledFor(logging.DEBUG):
             log.debug("patchreg: restored %s.%s (%s)", site.label, site.attr, layer.patch.name)
 
@@ -913,6 +914,25 @@ class Registry:
             sites = [s for s in self._sites.values() if s.layers and s.ref() is not None]
             n = sum(len(s.layers) for s in sites)
         return f"<patchreg.Registry {self.name!r}: {n} active install(s) on {len(sites)} attribute(s)>"
+
+
+_REGISTRIES: weakref.WeakSet[Registry] = weakref.WeakSet()
+
+
+def _originals(patch: Patch) -> list[tuple[Any, Any]]:
+    """``(holder, original)`` of every live install of ``patch`` in any registry, oldest first."""
+    found: list[tuple[int, Any, Any]] = []
+    with _LOCK:
+        for registry in list(_REGISTRIES):
+            for site in registry._sites.values():
+                holder = site.ref()
+                if holder is not None:
+                    found.extend((la.seq, holder, la.original) for la in site.layers if la.patch is patch)
+    found.sort(key=lambda item: item[0])
+    return [(holder, original) for _seq, holder, original in found]
+
+
+_records._originals = _originals
 
 
 def _version(name: str) -> str:

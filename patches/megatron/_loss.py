@@ -10,16 +10,54 @@ against the main loss's token count, as Megatron-Core 0.17+ does).
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from collections.abc import Sequence
 from typing import Any
 
 from patches.megatron._compat import MTP, adapter, cache_key, module, upstream
 
-__all__ = ["attach_mtp_loss", "process_groups", "roll", "sinks"]
+__all__ = ["LastLosses", "attach_mtp_loss", "last_losses", "process_groups", "roll"]
 
-#: Reports that want the per-depth losses of a model's last step (see ``MTPReport``).
-sinks: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
+
+class LastLosses:
+    """Each model's per-depth MTP losses of its last step with labels, numbered in step order.
+
+    A block (``MTPReport``) notes ``count`` when it starts and reads its models' entries numbered
+    after that, so nothing is registered per block; the entries are held weakly by model.
+    """
+
+    def __init__(self) -> None:
+        self._numbers = itertools.count(1)
+        self.count = 0  # the number of the newest entry (0: none yet)
+        self._by_model: dict[int, tuple[weakref.ref[Any], int, tuple[Any, ...]]] = {}
+
+    def record(self, model: Any, losses: tuple[Any, ...]) -> None:
+        """Keep ``losses`` as ``model``'s newest, numbered after every entry so far."""
+        number = next(self._numbers)
+        self._by_model[_identity(model)] = (weakref.ref(model, self._forget), number, losses)
+        self.count = number
+
+    def newest(self, models: Sequence[Any], after: int) -> tuple[int, tuple[Any, ...]] | None:
+        """``(number, losses)`` of the newest entry of any of ``models`` numbered after ``after``."""
+        best = None
+        for model in models:
+            entry = self._by_model.get(_identity(model))
+            if entry is not None and entry[1] > after and entry[0]() is model and (best is None or entry[1] > best[0]):
+                best = (entry[1], entry[2])
+        return best
+
+    def _forget(self, dead: weakref.ref[Any]) -> None:
+        for key, entry in list(self._by_model.items()):
+            if entry[0] is dead:
+                self._by_model.pop(key, None)
+
+
+#: An object's identity without ``id()`` (whose audit event runs any audit hook, ~0.4 µs with torch).
+_identity = object.__hash__
+
+#: The losses of every model's last step (read by ``MTPReport``).
+last_losses = LastLosses()
 
 
 def process_groups(model: Any) -> tuple[Any, Any]:
@@ -87,10 +125,7 @@ def attach_mtp_loss(
             log.save(losses[-1], logits, labels, mask, depth)
         scaled = scale * masked * (total_tokens / tokens) if per_token else scale * masked / tokens
         hidden = scaler.apply(hidden, scaled)
-    reports = sinks.get(model)
-    if reports:
-        for report in list(reports):
-            report._record(tuple(losses))
+    last_losses.record(model, tuple(losses))
     return hidden
 
 

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import patchreg
 from patches.megatron._compat import GPT, MTP, mcore_version, parameters, upstream
 from patches.megatron._layers import checkpointed_forward, get_embeddings_detached
-from patches.megatron._loss import sinks
+from patches.megatron._loss import last_losses
 from patches.megatron._postprocess import postprocess, postprocess_detached
 from patches.megatron.errors import MTPConflictError, UnsupportedModelError
 from patchreg import Patch, PatchConflictError, PatchSet, accepts, check, has, not_needed_when, requires
@@ -114,10 +114,12 @@ MTP_DETACH_SET = PatchSet(
 class MTPReport:
     """What ``mtp_patched`` installed or skipped, and the per-depth MTP losses of the last step."""
 
-    def __init__(self, report: patchreg.Report, detach_encoder: bool) -> None:
+    def __init__(self, report: patchreg.Report, detach_encoder: bool, models: list[Any] | None = None) -> None:
         self.report = report
         self.detach_encoder = detach_encoder
         self.active = True
+        self._models = models or []  # held while the block is active
+        self._after = last_losses.count  # steps numbered after this one belong to the block
         self._losses: tuple[Any, ...] = ()
 
     @property
@@ -138,15 +140,22 @@ class MTPReport:
     @property
     def mtp_losses(self) -> tuple[float, ...]:
         """Per-depth MTP loss (masked mean cross-entropy, unscaled) of the last forward with labels."""
-        return tuple(float(loss) for loss in self._losses)
+        return tuple(float(loss) for loss in self.mtp_loss_tensors)
 
     @property
     def mtp_loss_tensors(self) -> tuple[Any, ...]:
         """The same losses as detached tensors (no device sync)."""
+        if self.active:
+            newest = last_losses.newest(self._models, self._after)
+            if newest is not None:
+                self._losses = newest[1]
         return self._losses
 
-    def _record(self, losses: tuple[Any, ...]) -> None:
-        self._losses = losses
+    def _close(self) -> None:
+        """The block ended: keep the losses of its last step, let go of the models."""
+        self._losses = self.mtp_loss_tensors
+        self.active = False
+        self._models = []
 
     def __str__(self) -> str:
         state = "active" if self.active else "reverted"
@@ -226,7 +235,7 @@ class mtp_patched:
         self.registry = registry if registry is not None else patchreg.registry
         self.strict = strict
         self.patch_set = MTP_DETACH_SET if self.detach_encoder else MTP_SET
-        self._stacks: dict[int, list[tuple[MTPReport, list[Any]]]] = {}  # per thread (get_ident)
+        self._entered: list[tuple[int, MTPReport]] = []  # (thread, report) of each enter not yet exited
 
     def __enter__(self) -> MTPReport:
         models = language_models(self.model)
@@ -234,24 +243,19 @@ class mtp_patched:
             report = self.registry.apply(self.patch_set, models[0] if len(models) == 1 else models, strict=self.strict)
         except PatchConflictError as exc:
             raise self._conflict(exc) from exc
-        mtp_report = MTPReport(report, self.detach_encoder)
-        for model in models:
-            sinks.setdefault(model, []).append(mtp_report)
-        self._stacks.setdefault(threading.get_ident(), []).append((mtp_report, models))
+        mtp_report = MTPReport(report, self.detach_encoder, models)
+        self._entered.append((threading.get_ident(), mtp_report))
         return mtp_report
 
     def __exit__(self, *exc: object) -> None:
-        stack = self._stacks[threading.get_ident()]
-        mtp_report, models = stack[-1]
-        for model in models:
-            reports = sinks.get(model, [])
-            if mtp_report in reports:
-                reports.remove(mtp_report)
-            if not reports:
-                sinks.pop(model, None)
-        mtp_report.active = False
+        entered, thread = self._entered, threading.get_ident()
+        i = len(entered) - 1
+        while entered[i][0] != thread:  # the innermost enter of this thread
+            i -= 1
+        mtp_report = entered[i][1]
         self.registry.revert(mtp_report.report)  # if this raises, the entry stays so the exit can be retried
-        stack.pop()
+        mtp_report._close()
+        del entered[i]
 
     def __call__(self, func: F) -> F:
         @functools.wraps(func)

@@ -386,3 +386,23 @@ def test_repeated_mtp_layer_matches_reference() -> None:
     assert torch.equal(logits, ref.logits) and len(report.mtp_losses) == 2
     for name, param in mtp_params(model).items():
         assert rel_err(grad_of(param), want[name]) <= 1e-5, name
+
+
+def test_each_report_keeps_the_losses_of_its_own_block() -> None:
+    """A report shows the last step inside its block: not an earlier block's, not a later one's; nested blocks share."""
+    model, first_batch, second_batch = build_gpt(), make_batch(seed=1), make_batch(seed=2)
+    with mtp_patched(model) as first:
+        model(*first_batch.args(), **first_batch.kwargs())
+    with mtp_patched(model) as second:
+        assert second.mtp_losses == ()
+        with mtp_patched(model) as inner:
+            model(*second_batch.args(), **second_batch.kwargs())
+        assert second.mtp_losses == inner.mtp_losses
+    with mtp_patched(model):
+        model(*first_batch.args(), **first_batch.kwargs())
+    assert len(first.mtp_losses) == 1 and first.mtp_losses != second.mtp_losses
+    assert inner.mtp_losses == second.mtp_losses and not first.active
+    other = build_gpt()
+    with mtp_patched(other) as elsewhere, mtp_patched(model) as here:
+        other(*first_batch.args(), **first_batch.kwargs())
+        assert here.mtp_losses == () and len(elsewhere.mtp_losses) == 1
