@@ -14,6 +14,9 @@ __all__ = ["checkpointed_forward", "get_embeddings_detached"]
 
 def get_embeddings_detached(self: Any, *args: Any, **kwargs: Any) -> Any:
     """Embed the shifted tokens without gradient to the embedding; keep the hidden-state input differentiable."""
+    hidden = kwargs.get("hidden_states")  # every release passes it by keyword
+    if hidden is not None and not hidden.requires_grad:  # detached trunk states (a view of a chunk): as a leaf
+        kwargs["hidden_states"] = hidden.detach().requires_grad_(True)  # upstream need not make it viewless
     *head, decoder_input, hidden_states = type(self)._get_embeddings(self, *args, **kwargs)
     if not hidden_states.requires_grad:  # detached trunk states: recompute needs one input with grad
         hidden_states = hidden_states.detach().requires_grad_(True)
