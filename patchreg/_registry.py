@@ -265,7 +265,8 @@ def _patches(target: object) -> tuple[str, tuple[Patch, ...]]:
 _Work = tuple[Patch, Any, str, "_Site | None", int]
 #: What an apply traced per patch for a plan: (patch, the predicate's skip reason, sites and guards).
 _Trace = tuple[Patch, "str | None", "tuple[list[Site], Guards] | None"]
-_PLAIN, _METHOD = 1, 2  # a planned instance install: the replacement itself, or bound to the holder
+_PLAIN, _METHOD = 1, 2
+_MethodType = types.MethodType  # a planned instance install: the replacement itself, or bound to the holder
 _generation = [0]  # bumped by refresh(): plans made before hold stale predicate answers
 
 
@@ -308,9 +309,23 @@ class _Plan:
     Everything is held weakly: a plan never keeps its object alive, and goes with it.
     """
 
-    __slots__ = ("__weakref__", "flat", "gen", "guards", "items", "key", "name", "plans", "refs", "skipped")
+    __slots__ = (
+        "__weakref__",
+        "flat",
+        "gen",
+        "guards",
+        "items",
+        "key",
+        "name",
+        "obj",
+        "plans",
+        "refs",
+        "skipped",
+        "target",
+    )
 
-    flat: tuple[tuple[Patch, _Site, type, int], ...] | None  # every planned install, when all are planned
+    #: every planned install, when all are: (patch, site, holder type, bind mode, attr, replacement, site.layers)
+    flat: tuple[tuple[Patch, _Site, type, int, str, Any, list[_Layer]], ...] | None
     skipped: tuple[tuple[str, str], ...]  # the predicate skips
     gen: int
     guards: Guards
@@ -318,7 +333,9 @@ class _Plan:
     key: tuple[int, ...]
     name: str
     plans: dict[tuple[int, ...], _Plan]
-    refs: tuple[weakref.ref[Any], ...]
+    refs: tuple[weakref.ref[Any], ...]  # the target's, then each chunk's
+    target: Callable[[], Any]  # refs[0]
+    obj: Callable[[], Any]  # the one object's weak reference (for None: returns None; for chunks: never matches)
 
     @classmethod
     def remember(
@@ -331,6 +348,8 @@ class _Plan:
             plan.refs = (weakref.ref(target, plan.forget), *(weakref.ref(c, plan.forget) for c in chunks))
         except TypeError:  # an object without weak references is resolved at every apply
             return None
+        plan.target = plan.refs[0]
+        plan.obj = _none if obj is None else plan.refs[1] if len(chunks) == 1 and chunks[0] is obj else _never
         items: list[tuple[Patch, str | None, tuple[tuple[_Site, type, int], ...] | None]] = []
         reads: list[tuple[Any, ...]] = []
         walks: list[tuple[Any, ...]] = []
@@ -349,10 +368,14 @@ class _Plan:
                 walks.extend(traced[1][1])  # type: ignore[index]
             items.append((patch, reason, None if entries is None else tuple(entries)))
         plan.items = tuple(items)
-        plan.guards = (tuple(reads), tuple(walks))
+        plan.guards = (tuple(reads), tuple(walks)) if reads or walks else _NO_GUARDS
         plan.skipped = tuple((p.name, reason) for p, reason, _e in items if reason is not None)
         planned = all(reason is not None or entries is not None for _p, reason, entries in items)
-        flat = [(p, *entry) for p, _r, entries in items for entry in entries or ()]
+        flat = [
+            (p, site, cls, mode, site.attr, p.replacement, site.layers)
+            for p, _r, entries in items
+            for site, cls, mode in entries or ()
+        ]
         plan.flat = tuple(flat) if planned else None
         plan.gen, plan.name, plan.plans, plan.key = gen, name, registry._plans, _plan_key(target, obj)
         registry._plans[plan.key] = plan
@@ -403,6 +426,17 @@ class _Plan:
         return work, skipped
 
 
+_NO_GUARDS: Guards = ((), ())
+
+
+def _none() -> None:
+    return None
+
+
+def _never() -> object:
+    return _Stale
+
+
 class _Stale(Exception):
     """A plan found stale half-way through an apply (its holder died or changed class)."""
 
@@ -451,10 +485,12 @@ class Registry:
         while cheap guards show that resolving again would find the same holders.
         """
         if not lazy:
-            plan = self._last
-            if plan is None or not plan.matches(target, obj):
+            plan = self._last  # an RL loop enters the same block on the same model: checked first, inline
+            if plan is None or plan.target() is not target or plan.obj() is not obj:
                 plan = self._plans.get(_plan_key(target, obj))
-            if plan is not None and plan.matches(target, obj):
+                if plan is not None and not plan.matches(target, obj):
+                    plan = None
+            if plan is not None:
                 if plan.flat is not None:
                     report = self._apply_planned(plan, strict, warn)
                 else:
@@ -478,30 +514,30 @@ class Registry:
 
     def _apply_planned(self, plan: _Plan, strict: bool, warn: bool) -> Report | None:
         """Apply a plan whose every patch is planned; None when it turns out stale (nothing changed)."""
-        if plan.gen != _generation[0] or not guards_hold(plan.guards):
+        if plan.gen != _generation[0] or (plan.guards is not _NO_GUARDS and not guards_hold(plan.guards)):
             return None
         if plan.skipped and (strict or warn):
             self._report_skips(plan.name, list(plan.skipped), strict)
         report = Report(self, plan.name, plan.skipped)
         layers = report._layers
         installed = 0
-        with _LOCK:
+        _LOCK.acquire()  # acquire/release: a third of what a with statement costs here
+        try:
             if self._dead:
                 self._purge()
             now = time.time()
             debug = log.isEnabledFor(logging.DEBUG)
             try:
-                for patch, site, cls, mode in plan.flat:  # type: ignore[union-attr]
+                for patch, site, cls, mode, attr, replacement, stack in plan.flat:  # type: ignore[union-attr]
                     holder = site.ref()
                     if holder is None or type(holder) is not cls:
                         raise _Stale
-                    attr = site.attr
                     ns = holder.__dict__
-                    if mode and not site.layers and attr not in ns:  # the clean case, checked when planned
-                        value = patch.replacement if mode == _PLAIN else types.MethodType(patch.replacement, holder)
+                    if mode and not stack and attr not in ns:  # the clean case, checked when planned
+                        value = replacement if mode == _PLAIN else _MethodType(replacement, holder)
                         ns[attr] = value
                         layer = _Layer(patch, site, value, now, ABSENT)
-                        site.layers.append(layer)
+                        stack.append(layer)
                         layers.append(layer)
                         installed += 1
                         if debug:
@@ -515,6 +551,8 @@ class Registry:
             except BaseException:
                 self._release(report)
                 raise
+        finally:
+            _LOCK.release()
         report._installed = installed
         return report
 
@@ -696,8 +734,11 @@ class Registry:
             if target._owner is not self:
                 msg = f"Report {target!r} came from registry {target._owner.name!r}; revert it there."
                 raise PatchDefinitionError(msg, target=target.name)
-            with _LOCK:
+            _LOCK.acquire()
+            try:
                 return self._release(target)
+            finally:
+                _LOCK.release()
         name, patches = _patches(target)
         hits = [(patch, self._hits(patch, obj)) for patch in patches]  # user code (selectors): outside the lock
         report = Report(self, name)
@@ -739,15 +780,16 @@ class Registry:
         for i in range(todo):  # the common case, each layer alone on its site with one user: checked here
             layer = taken[i]
             site = layer.site
-            if layer.count != 1 or len(site.layers) != 1 or not layer.owns(site.current()):
+            if layer.count != 1 or len(site.layers) != 1 or not layer.owns(site.current()):  # else: all clear
                 _check_release([la for la in reversed(taken[:todo]) if la.count > 0 and la.site.ref() is not None])
                 break
         restored = 0
+        debug = log.isEnabledFor(logging.DEBUG)
         for i in range(todo - 1, -1, -1):  # last taken first
             layer = taken[i]
             if layer.count == 1:  # restore before forgetting: an interrupt loses nothing
                 if layer.site.ref() is not None:
-                    self._uninstall(layer)
+                    self._uninstall(layer, debug)
                     restored += 1
                 layer.count = 0
             elif layer.count > 0:
@@ -756,7 +798,7 @@ class Registry:
         report._released = True
         return restored
 
-    def _uninstall(self, layer: _Layer) -> None:
+    def _uninstall(self, layer: _Layer, debug: bool = False) -> None:
         site = layer.site
         holder = site.ref()
         original = layer.original
@@ -771,7 +813,7 @@ class Registry:
             setattr(holder, site.attr, original)
         site.layers.pop()  # after the restore: an interrupt loses nothing
         layer.original = None
-        if log.isEnabledFor(logging.DEBUG):
+        if debug:
             log.debug("patchreg: restored %s.%s (%s)", site.label, site.attr, layer.patch.name)
 
     def revert_all(self) -> int:

@@ -263,7 +263,8 @@ class Selector:
         return "nothing matched"
 
 
-#: ``(reads, walks)``: reads are ``(holder ref, name, mapping name or None, value ref)``; walks are
+#: ``(reads, walks)``: reads are ``(holder ref or None for the previous read's value, name, mapping name
+#: or None, value ref)``; walks are
 #: ``(container ref, container type, by values, element refs)``.
 Guards = tuple[tuple[tuple[Any, ...], ...], tuple[tuple[Any, ...], ...]]
 
@@ -271,8 +272,9 @@ Guards = tuple[tuple[tuple[Any, ...], ...], tuple[tuple[Any, ...], ...]]
 def guards_hold(guards: Guards) -> bool:
     """True while every read and walk of a trace would find the same objects again."""
     reads, walks = guards
+    value: Any = None
     for href, name, mapping, vref in reads:
-        holder = href()
+        holder = value if href is None else href()
         if holder is None:
             return False
         ns = holder.__dict__
@@ -283,7 +285,8 @@ def guards_hold(guards: Guards) -> bool:
         else:
             inner = ns.get(mapping)
             found = inner.get(name) if isinstance(inner, dict) else None
-        if found is None or found is not vref():
+        value = vref()
+        if found is None or found is not value:
             return False
     for cref, cls, by_values, snapshot in walks:
         container = cref()
@@ -340,6 +343,8 @@ def _traced_get(holder: Any, name: str, reads: list[tuple[Any, ...]]) -> Any:
     href, vref = _weak(holder), _weak(value)
     if href is None or vref is None:
         return _UNSET
+    if reads and reads[-1][3]() is holder:  # a chain (model.mtp.layers): the holder is the value just read
+        href = None
     reads.append((href, name, mapping, vref))
     return value
 

@@ -114,6 +114,8 @@ MTP_DETACH_SET = PatchSet(
 class MTPReport:
     """What ``mtp_patched`` installed or skipped, and the per-depth MTP losses of the last step."""
 
+    __slots__ = ("_after", "_losses", "_models", "active", "detach_encoder", "report")
+
     def __init__(self, report: patchreg.Report, detach_encoder: bool, models: list[Any] | None = None) -> None:
         self.report = report
         self.detach_encoder = detach_encoder
@@ -153,7 +155,8 @@ class MTPReport:
 
     def _close(self) -> None:
         """The block ended: keep the losses of its last step, let go of the models."""
-        self._losses = self.mtp_loss_tensors
+        if last_losses.count != self._after:  # a step ran since the block began
+            self._losses = self.mtp_loss_tensors
         self.active = False
         self._models = []
 
@@ -221,6 +224,8 @@ class mtp_patched:
     embedding, the decoder and the output layer); ``False``: it trains the trunk too, as
     Megatron-Core pretraining does. Yields an :class:`MTPReport`.
     """
+
+    __slots__ = ("_entered", "detach_encoder", "model", "patch_set", "registry", "strict")
 
     def __init__(
         self,

@@ -110,6 +110,14 @@ def test_replaced_intermediate_is_followed() -> None:
         assert patched_tags(m) == ["other"]
 
 
+def test_replaced_link_in_a_chain_is_followed() -> None:
+    registry, m = Registry("t"), model()
+    cycle(registry, m)
+    m.mtp._children["layers"] = Layers(Node("relinked"))
+    with registry.patched(SET, m):
+        assert patched_tags(m) == ["relinked"]
+
+
 def test_shadowing_instance_attribute_is_followed() -> None:
     registry, m = Registry("t"), model()
     cycle(registry, m)

@@ -468,6 +468,19 @@ def test_backup_slot_holds_original(patch_registry: Registry) -> None:
     assert sample.Child not in p.backup
 
 
+def test_backup_stacks_across_registries_newest_on_top(patch_registry: Registry) -> None:
+    """One patch applied by two registries on one holder: the backup shows the newest original first."""
+    p = Patch("f", "forward", tagging_wrapper("t"), kind="wrap")
+    leaf = sample.Leaf()
+    other = Registry("other")
+    with patch_registry.patched(p, leaf):
+        first = vars(leaf)["forward"]
+        with other.patched(p, leaf):
+            assert p.backup.get(leaf) is first and len(p.backup) == 1 and leaf in p.backup
+        assert p.backup.get(leaf) is ABSENT
+    assert p.backup.get(leaf, "none") == "none" and repr(p.backup) == "<Backup of 0 object(s)>"
+
+
 def test_predicate_error_installs_nothing(patch_registry: Registry, pristine: Any) -> None:
     """A predicate that raises surfaces as PredicateError and nothing is installed."""
     from patchreg import PredicateError
