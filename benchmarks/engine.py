@@ -35,11 +35,14 @@ def per_target(
     numbers = {str(n): max(2, settings.scale_ops // targets) for n, (_op, targets) in cycles.items()}
     stats = compare(variants, number=numbers, repeat=settings.repeat).stats
     rows, medians = [], []
+    first_n, first_targets = next(iter(cycles)), next(iter(cycles.values()))[1]
     for n, (_op, targets) in cycles.items():
         cycle = stats[str(n)]
         per = Stats(cycle.median / targets, cycle.min / targets, cycle.max / targets, cycle.samples)
         medians.append(per.median)
-        rows.append((label, str(n), str(targets), cycle.us(), per.us()))
+        extra = targets - first_targets  # each further target's cost: the block's fixed cost taken out
+        added = f"{(cycle.median - stats[str(first_n)].median) / extra / 1e3:.2f} µs" if extra else "-"
+        rows.append((label, str(n), str(targets), cycle.us(), per.us(), added))
     return rows, max(medians) / min(medians)
 
 
