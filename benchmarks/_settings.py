@@ -16,7 +16,7 @@ class Settings:
     call_ops: int = 20000
     warm_ops: int = 20000
     cycle_ops: int = 300
-    steps: int = 100
+    steps: int = 400
     rss_steps: int = 30
     hygiene_models: int = 100
 

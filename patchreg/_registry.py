@@ -788,8 +788,14 @@ class Registry:
         for i in range(todo - 1, -1, -1):  # last taken first
             layer = taken[i]
             if layer.count == 1:  # restore before forgetting: an interrupt loses nothing
-                if layer.site.ref() is not None:
-                    self._uninstall(layer, debug)
+                site = layer.site
+                holder = site.ref()
+                if holder is not None:
+                    if site.kind == "instance" and layer.original is ABSENT and not debug:  # _uninstall, inline
+                        del holder.__dict__[site.attr]
+                        site.layers.pop()
+                    else:
+                        self._uninstall(layer, debug)
                     restored += 1
                 layer.count = 0
             elif layer.count > 0:

@@ -177,6 +177,7 @@ class MTPReport:
 
 
 _HAS_GPT = has(f"{GPT}:GPTModel")
+_thread = threading.get_ident
 _GPT_CLASS: list[Any] = []  # GPTModel, once imported
 
 
@@ -249,11 +250,11 @@ class mtp_patched:
         except PatchConflictError as exc:
             raise self._conflict(exc) from exc
         mtp_report = MTPReport(report, self.detach_encoder, models)
-        self._entered.append((threading.get_ident(), mtp_report))
+        self._entered.append((_thread(), mtp_report))
         return mtp_report
 
     def __exit__(self, *exc: object) -> None:
-        entered, thread = self._entered, threading.get_ident()
+        entered, thread = self._entered, _thread()
         i = len(entered) - 1
         while entered[i][0] != thread:  # the innermost enter of this thread
             i -= 1
