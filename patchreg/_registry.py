@@ -261,8 +261,8 @@ def _patches(target: object) -> tuple[str, tuple[Patch, ...]]:
     raise PatchDefinitionError(msg)
 
 
-#: One unit of an apply: (patch, holder, attribute, our site and bind mode when planned, else None and 0).
-_Work = tuple[Patch, Any, str, "_Site | None", int]
+#: One unit of an apply: (patch, holder, attribute).
+_Work = tuple[Patch, Any, str]
 #: What an apply traced per patch for a plan: (patch, the predicate's skip reason, sites and guards).
 _Trace = tuple[Patch, "str | None", "tuple[list[Site], Guards] | None"]
 _PLAIN, _METHOD = 1, 2
@@ -411,7 +411,7 @@ class _Plan:
                 if isinstance(found, str):
                     skipped.append((patch.name, found))
                 else:
-                    work.extend((patch, holder, attr, None, 0) for holder, attr in found)
+                    work.extend((patch, holder, attr) for holder, attr in found)
             else:
                 for site, cls, mode in entries:
                     holder = site.ref()
@@ -420,9 +420,7 @@ class _Plan:
                     attr = site.attr
                     if not mode or attr in holder.__dict__:  # not the clean case: the checks of a first apply
                         _check_patchable(patch, holder, attr)
-                        work.append((patch, holder, attr, site, 0))
-                    else:
-                        work.append((patch, holder, attr, site, mode))
+                    work.append((patch, holder, attr))
         return work, skipped
 
 
@@ -581,21 +579,8 @@ class Registry:
         """Take a user of every work item for ``report`` (under the lock); all or nothing."""
         installed = 0
         now = time.time()
-        layers = report._layers
         try:
-            for patch, holder, attr, site, mode in work:
-                if mode and not site.layers:  # type: ignore[union-attr]
-                    ns = holder.__dict__
-                    if attr not in ns:  # a planned instance install: checked when planned, guarded since
-                        value = patch.replacement if mode == _PLAIN else types.MethodType(patch.replacement, holder)
-                        ns[attr] = value
-                        layer = _Layer(patch, site, value, now, ABSENT)  # type: ignore[arg-type]
-                        site.layers.append(layer)  # type: ignore[union-attr]
-                        layers.append(layer)
-                        installed += 1
-                        if log.isEnabledFor(logging.DEBUG):
-                            log.debug("patchreg: installed %s on %s.%s", patch.name, _label(holder), attr)
-                        continue
+            for patch, holder, attr in work:
                 installed += self._take(patch, holder, attr, report, now)
         except BaseException:
             self._release(report)
@@ -651,7 +636,7 @@ class Registry:
                 if traces is not None:
                     traces.append((patch, None, None))
                 continue
-            work.extend((patch, holder, attr, None, 0) for holder, attr in found)
+            work.extend((patch, holder, attr) for holder, attr in found)
             if traces is not None:
                 traces.append((patch, None, _traced(patch, obj, found)))
         return work, skipped
