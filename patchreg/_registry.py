@@ -265,6 +265,7 @@ def _patches(target: object) -> tuple[str, tuple[Patch, ...]]:
 _Work = tuple[Patch, Any, str]
 #: What an apply traced per patch for a plan: (patch, the predicate's skip reason, sites and guards).
 _Trace = tuple[Patch, "str | None", "tuple[list[Site], Guards] | None"]
+_SEEN_MAX = 4096  # first applies remembered (to plan on the second one) before the marks are dropped
 _PLAIN, _METHOD = 1, 2
 _MethodType = types.MethodType  # a planned instance install: the replacement itself, or bound to the holder
 _generation = [0]  # bumped by refresh(): plans made before hold stale predicate answers
@@ -468,6 +469,7 @@ class Registry:
         self._pending: list[_Pending] = []
         self._plans: dict[tuple[int, ...], _Plan] = {}
         self._last: _Plan | None = None  # the plan used last: an RL loop re-enters the same block
+        self._seen: dict[tuple[int, ...], None] = {}  # (set, object) keys applied once, not yet planned
 
     # -- applying -------------------------------------------------------------------------
 
@@ -482,10 +484,12 @@ class Registry:
         The resolution of a Patch or PatchSet on an object is remembered (a plan) and re-used
         while cheap guards show that resolving again would find the same holders.
         """
+        key = None
         if not lazy:
             plan = self._last  # an RL loop enters the same block on the same model: checked first, inline
             if plan is None or plan.target() is not target or plan.obj() is not obj:
-                plan = self._plans.get(_plan_key(target, obj))
+                key = _plan_key(target, obj)
+                plan = self._plans.get(key)
                 if plan is not None and not plan.matches(target, obj):
                     plan = None
             if plan is not None:
@@ -499,7 +503,7 @@ class Registry:
                     return report
         name, patches = _patches(target)
         waiting = [p for p in patches if p.is_global and p.where.module not in sys.modules] if lazy else []  # type: ignore[union-attr]
-        traces: list[_Trace] | None = [] if not lazy and _plannable(target, obj) else None
+        traces: list[_Trace] | None = [] if not lazy and self._again(key, target, obj) else None
         gen = _generation[0]
         work, skipped = self._plan(tuple(p for p in patches if p not in waiting) if waiting else patches, obj, traces)
         report = self._apply_work(name, work, skipped, strict, warn, waiting)
@@ -509,6 +513,22 @@ class Registry:
         for pending in report._waiting:
             wrapt.register_post_import_hook(functools.partial(self._fire, pending), pending.module)
         return report
+
+    def _again(self, key: tuple[int, ...] | None, target: object, obj: Any) -> bool:
+        """Whether this apply should make a plan: only on a second apply of ``target`` on ``obj``.
+
+        An object patched once (a model built, patched and dropped) pays no tracing; the marks
+        are keys only (a reused address at worst makes one plan early) and are bounded.
+        """
+        if not _plannable(target, obj):
+            return False
+        key = _plan_key(target, obj) if key is None else key
+        if key in self._seen:
+            return True
+        if len(self._seen) >= _SEEN_MAX:
+            self._seen.clear()
+        self._seen[key] = None
+        return False
 
     def _apply_planned(self, plan: _Plan, strict: bool, warn: bool) -> Report | None:
         """Apply a plan whose every patch is planned; None when it turns out stale (nothing changed)."""

@@ -73,18 +73,27 @@ def cycle(registry: Registry, m: Node, target: Any = SET) -> patchreg.Report:
     return report
 
 
-def test_a_plan_is_made_once_and_reused() -> None:
+def planned(registry: Registry, m: Node, target: Any = SET) -> None:
+    """Two applies: the second makes the plan (an object patched once is never traced)."""
+    cycle(registry, m, target)
+    cycle(registry, m, target)
+    assert any(p.matches(target, m) for p in registry._plans.values())
+
+
+def test_a_plan_is_made_on_the_second_apply_and_reused() -> None:
     registry, m = Registry("t"), model()
+    cycle(registry, m)
+    assert registry._plans == {}
     cycle(registry, m)
     (plan,) = registry._plans.values()
     cycle(registry, m)
-    assert list(registry._plans.values()) == [plan]
+    assert list(registry._plans.values()) == [plan] and registry._last is plan
     assert plan.flat is not None and len(plan.flat) == 3
 
 
 def test_replaced_layer_is_patched_and_the_old_one_is_not() -> None:
     registry, m = Registry("t"), model()
-    cycle(registry, m)
+    planned(registry, m)
     old = m.mtp.layers._children["1"]
     m.mtp.layers.replace(1, Node("new"))
     with registry.patched(SET, m):
@@ -95,7 +104,7 @@ def test_replaced_layer_is_patched_and_the_old_one_is_not() -> None:
 
 def test_appended_layer_is_patched() -> None:
     registry, m = Registry("t"), model()
-    cycle(registry, m)
+    planned(registry, m)
     m.mtp.layers.append(Node("layer2"))
     with registry.patched(SET, m) as report:
         assert patched_tags(m) == ["layer0", "layer1", "layer2"]
@@ -104,7 +113,7 @@ def test_appended_layer_is_patched() -> None:
 
 def test_replaced_intermediate_is_followed() -> None:
     registry, m = Registry("t"), model()
-    cycle(registry, m)
+    planned(registry, m)
     m._children["mtp"] = Node("mtp2", layers=Layers(Node("other")))
     with registry.patched(SET, m):
         assert patched_tags(m) == ["other"]
@@ -112,7 +121,7 @@ def test_replaced_intermediate_is_followed() -> None:
 
 def test_replaced_link_in_a_chain_is_followed() -> None:
     registry, m = Registry("t"), model()
-    cycle(registry, m)
+    planned(registry, m)
     m.mtp._children["layers"] = Layers(Node("relinked"))
     with registry.patched(SET, m):
         assert patched_tags(m) == ["relinked"]
@@ -120,7 +129,7 @@ def test_replaced_link_in_a_chain_is_followed() -> None:
 
 def test_shadowing_instance_attribute_is_followed() -> None:
     registry, m = Registry("t"), model()
-    cycle(registry, m)
+    planned(registry, m)
     m.mtp = Node("shadow", layers=Layers(Node("shadowed")))  # instance __dict__ wins over __getattr__
     with registry.patched(SET, m):
         assert patched_tags(m) == ["shadowed"]
@@ -132,7 +141,7 @@ def test_class_swap_of_a_holder_replans() -> None:
             return ("sub", x)
 
     registry, m = Registry("t"), model()
-    cycle(registry, m)
+    planned(registry, m)
     layer = m.mtp.layers._children["0"]
     layer.__class__ = Sub
     with registry.patched(SET, m):
@@ -144,8 +153,9 @@ def test_refresh_re_evaluates_predicates() -> None:
     answer = [True]
     gated = Patch("gated", "forward", plain("gated"), when=check(lambda: (answer[0], "the flag"), "flag"))
     registry, m = Registry("t"), model()
-    with registry.patched(gated, m) as report:
-        assert report.installed == 1
+    for _ in range(2):
+        with registry.patched(gated, m) as report:
+            assert report.installed == 1
     answer[0] = False
     with registry.patched(gated, m) as report:  # cached answer: still installs
         assert report.installed == 1
@@ -156,7 +166,7 @@ def test_refresh_re_evaluates_predicates() -> None:
 
 def test_a_foreign_value_in_the_namespace_takes_the_checked_path_and_is_restored() -> None:
     registry, m = Registry("t"), model()
-    cycle(registry, m)
+    planned(registry, m)
     layer = m.mtp.layers._children["0"]
     mine = plain("mine")
     layer.forward = mine
@@ -171,8 +181,9 @@ def test_unplannable_walks_resolve_every_time() -> None:
 
     registry, tree = Registry("t"), Tree(2)  # blocks is a plain list: no weak references, no guard
     blocks = Patch("blocks", "blocks[*].forward", plain("b"))
-    with registry.patched(blocks, tree):
-        pass
+    for _ in range(2):
+        with registry.patched(blocks, tree):
+            pass
     tree.blocks.append(Leaf("block2"))
     with registry.patched(blocks, tree) as report:
         assert report.installed == 3
@@ -181,7 +192,7 @@ def test_unplannable_walks_resolve_every_time() -> None:
 
 def test_nested_blocks_share_through_a_plan() -> None:
     registry, m = Registry("t"), model()
-    cycle(registry, m)
+    planned(registry, m)
     with registry.patched(SET, m) as outer:
         with registry.patched(SET, m) as inner:
             assert inner.installed == 0 and outer.installed == 3
@@ -192,7 +203,7 @@ def test_nested_blocks_share_through_a_plan() -> None:
 
 def test_stale_holder_half_way_leaves_nothing_behind() -> None:
     registry, m = Registry("t"), model()
-    cycle(registry, m)
+    planned(registry, m)
     (plan,) = registry._plans.values()
     layer = m.mtp.layers._children["1"]
     layer.__class__ = type("Other", (Node,), {})  # found stale at the second layer, after two installs
@@ -206,7 +217,7 @@ def test_plans_hold_no_strong_reference() -> None:
     registry = Registry("t")
     m = model()
     layers = list(m.mtp.layers)
-    cycle(registry, m)
+    planned(registry, m)
     refs = [weakref.ref(o) for o in (m, m.mtp, *layers)]
     del m, layers
     gc.disable()
@@ -221,15 +232,23 @@ def test_temporary_patch_sets_do_not_accumulate_plans() -> None:
     registry, m = Registry("t"), model()
     for i in range(20):
         temporary = PatchSet(f"tmp{i}", (Patch("p", "mtp.layers[*].forward", plain(i)),))
-        with registry.patched(temporary, m):
-            pass
+        for _ in range(2):
+            with registry.patched(temporary, m):
+                pass
         del temporary
     assert len(registry._plans) <= 1
 
 
+def test_first_applies_are_remembered_boundedly() -> None:
+    registry = Registry("t")
+    for _ in range(5000):
+        registry.revert(registry.apply(FORWARD, model(1)))
+    assert registry._plans == {} and len(registry._seen) <= 4096
+
+
 def test_chunk_lists_are_planned_per_chunk() -> None:
     registry, a, b = Registry("t"), model(1), model(1)
-    for _ in range(2):
+    for _ in range(3):
         with registry.patched(FORWARD, [a, b]) as report:
             assert report.installed == 2
     b.mtp.layers.replace(0, Node("fresh"))
@@ -242,6 +261,7 @@ def test_strict_still_raises_on_a_planned_skip(first: str) -> None:
     gated = Patch("never", "forward", plain(0), when=check(lambda: (False, "never applies"), "never"))
     registry, m = Registry("t"), model()
     if first == "planned":
+        registry.apply(gated, m)
         registry.apply(gated, m)
     with pytest.raises(patchreg.TargetNotFoundError, match="never applies"):
         registry.apply(gated, m, strict=True)
