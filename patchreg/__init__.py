@@ -14,8 +14,8 @@ from patchreg._predicates import (
     refresh,
     requires,
 )
-from patchreg._records import ABSENT, Backup, Installed, Patch, PatchSet
-from patchreg._registry import Checkpoint, Explanation, Patched, Registry, Report
+from patchreg._records import ABSENT, Backup, Installed, Patch, PatchSet, Report
+from patchreg._registry import Checkpoint, Explanation, Patched, Registry
 from patchreg._targets import Selector
 from patchreg.exceptions import (
     PatchConflictError,

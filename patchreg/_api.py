@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from patchreg._registry import Patched, Registry, Report, Target
+from patchreg._records import Report
+from patchreg._registry import Patched, Registry, Target
 
 __all__ = ["apply", "patched", "registry", "revert"]
 

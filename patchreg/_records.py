@@ -1,4 +1,4 @@
-"""The records of patchreg: Patch, PatchSet, Installed, and a Patch's backup slot."""
+"""The records of patchreg: Patch, PatchSet, Report, Installed, and a Patch's backup slot."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from patchreg._predicates import Predicate, always
 from patchreg._targets import ImportPath, Selector, identity, parse_target
 from patchreg.exceptions import PatchDefinitionError
 
-__all__ = ["ABSENT", "Backup", "Installed", "Patch", "PatchSet"]
+__all__ = ["ABSENT", "Backup", "Installed", "Patch", "PatchSet", "Report"]
 
 Kind = Literal["replace", "wrap"]
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.+\-]*\Z")
@@ -239,3 +239,100 @@ class Installed:
     count: int
     since: float
     state: str = "active"
+
+
+def entry(layer: Any, state: str | None = None) -> Installed:
+    """An :class:`Installed` copy of one of a registry's installs (its layer)."""
+    patch, site = layer.patch, layer.site
+    if state is None:
+        state = "active" if layer.count > 0 else "reverted"
+    return Installed(
+        patch=patch.name,
+        target=str(patch.where),
+        holder=site.label,
+        attr=site.attr,
+        kind=patch.kind,
+        count=layer.count,
+        since=layer.since,
+        state=state,
+    )
+
+
+@attrs.define(eq=False, repr=False, init=False)
+class Report:
+    """What one ``apply`` did, and the references it holds until it is reverted (once).
+
+    ``installed`` counts new installs, ``skipped`` holds ``(name, reason)`` pairs. It stays
+    readable after the block ends: ``entries`` then show count 0 and state "reverted". Its
+    state belongs to the registry that made it (the underscored fields).
+    """
+
+    _owner: Any  # the Registry
+    _name: str
+    _skipped: tuple[tuple[str, str], ...] = ()
+    _layers: list[Any] = attrs.field(factory=list)  # the installs this apply took a reference on, in order
+    _waiting: list[Any] = attrs.field(factory=list)  # its lazy patches
+    _released: bool = False
+    _done: int = 0  # how many layers, from the end, were released (an interrupted release resumes)
+    _installed: int = 0
+
+    def __init__(self, owner: Any, name: str, skipped: tuple[tuple[str, str], ...] = ()) -> None:
+        # written out: attrs' generated __init__ (factories, defaults) costs twice as much, on every apply
+        self._owner = owner
+        self._name = name
+        self._skipped = skipped
+        self._layers = []
+        self._waiting = []
+        self._released = False
+        self._done = 0
+        self._installed = 0
+
+    @property
+    def name(self) -> str:
+        """The patch set's name."""
+        return self._name
+
+    @property
+    def installed(self) -> int:
+        """How many installs this apply made (shared ones count 0)."""
+        return self._installed
+
+    @property
+    def skipped(self) -> tuple[tuple[str, str], ...]:
+        """``(patch name, reason)`` for every patch this apply skipped."""
+        return self._skipped
+
+    @property
+    def entries(self) -> tuple[Installed, ...]:
+        """The installs this apply held a reference on (new or shared)."""
+        live = len(self._layers) - self._done
+        return tuple(entry(la, None if i < live else "reverted") for i, la in enumerate(self._layers))
+
+    @property
+    def pending(self) -> tuple[str, ...]:
+        """Names of lazy patches still waiting for their module to be imported."""
+        return tuple(p.patch.name for p in self._waiting if p.state == "pending")
+
+    @property
+    def held(self) -> int:
+        """How many installs this apply still holds a reference on."""
+        return 0 if self._released else len(self._layers) - self._done
+
+    @property
+    def reverted(self) -> bool:
+        """True once this apply's references were released."""
+        return self._released
+
+    def __repr__(self) -> str:
+        return f"<Report {self.name!r}: {self.installed} installed, {self.held} held, {len(self.skipped)} skipped>"
+
+    def __str__(self) -> str:
+        state = " (reverted)" if self.reverted else ""
+        lines = [
+            f"patch set {self.name!r}{state}: {self.installed} newly installed, {self.held} held, "
+            f"{len(self.skipped)} skipped"
+        ]
+        lines += [f"  {e.state:<8} {e.patch:<24} {e.holder}.{e.attr} (count {e.count})" for e in self.entries]
+        lines += [f"  pending  {name:<24} installed when its module is imported" for name in self.pending]
+        lines += [f"  skipped  {name:<24} {reason}" for name, reason in self.skipped]
+        return "\n".join(lines)

@@ -27,7 +27,7 @@ import wrapt
 from patchreg import _records
 from patchreg._format import table
 from patchreg._predicates import distributions, on_refresh
-from patchreg._records import ABSENT, Installed, Patch, PatchSet
+from patchreg._records import ABSENT, Installed, Patch, PatchSet, Report, entry
 from patchreg._targets import Guards, Miss, Site, guards_hold, identity
 from patchreg.exceptions import (
     PatchConflictError,
@@ -125,86 +125,6 @@ def _kind_of(holder: Any) -> str:
     return "class" if isinstance(holder, type) else "instance"
 
 
-class Report:
-    """What one ``apply`` did, and the references it holds until it is reverted (once).
-
-    ``installed`` counts new installs, ``skipped`` holds ``(name, reason)`` pairs. It stays
-    readable after the block ends: ``entries`` then show count 0 and state "reverted".
-    """
-
-    __slots__ = (
-        "__weakref__",
-        "_done",
-        "_installed",
-        "_layers",
-        "_name",
-        "_owner",
-        "_released",
-        "_skipped",
-        "_waiting",
-    )
-
-    def __init__(self, owner: Registry, name: str, skipped: tuple[tuple[str, str], ...] = ()) -> None:
-        self._owner = owner
-        self._name = name
-        self._layers: list[_Layer] = []  # what this apply took a reference on, in order
-        self._waiting: list[_Pending] = []  # its lazy patches
-        self._released = False
-        self._done = 0  # how many layers, from the end, were released (an interrupted release resumes)
-        self._installed = 0
-        self._skipped = skipped
-
-    @property
-    def name(self) -> str:
-        """The patch set's name."""
-        return self._name
-
-    @property
-    def installed(self) -> int:
-        """How many installs this apply made (shared ones count 0)."""
-        return self._installed
-
-    @property
-    def skipped(self) -> tuple[tuple[str, str], ...]:
-        """``(patch name, reason)`` for every patch this apply skipped."""
-        return self._skipped
-
-    @property
-    def entries(self) -> tuple[Installed, ...]:
-        """The installs this apply held a reference on (new or shared)."""
-        live = len(self._layers) - self._done
-        return tuple(_installed(la, None if i < live else "reverted") for i, la in enumerate(self._layers))
-
-    @property
-    def pending(self) -> tuple[str, ...]:
-        """Names of lazy patches still waiting for their module to be imported."""
-        return tuple(p.patch.name for p in self._waiting if p.state == "pending")
-
-    @property
-    def held(self) -> int:
-        """How many installs this apply still holds a reference on."""
-        return 0 if self._released else len(self._layers) - self._done
-
-    @property
-    def reverted(self) -> bool:
-        """True once this apply's references were released."""
-        return self._released
-
-    def __repr__(self) -> str:
-        return f"<Report {self.name!r}: {self.installed} installed, {self.held} held, {len(self.skipped)} skipped>"
-
-    def __str__(self) -> str:
-        state = " (reverted)" if self.reverted else ""
-        lines = [
-            f"patch set {self.name!r}{state}: {self.installed} newly installed, {self.held} held, "
-            f"{len(self.skipped)} skipped"
-        ]
-        lines += [f"  {e.state:<8} {e.patch:<24} {e.holder}.{e.attr} (count {e.count})" for e in self.entries]
-        lines += [f"  pending  {name:<24} installed when its module is imported" for name in self.pending]
-        lines += [f"  skipped  {name:<24} {reason}" for name, reason in self.skipped]
-        return "\n".join(lines)
-
-
 class _Pending:
     """A lazy patch waiting for its module to be imported."""
 
@@ -221,22 +141,6 @@ class _Pending:
         patch = self.patch
         holder, _, attr = str(patch.where).rpartition(".")
         return Installed(patch.name, str(patch.where), holder, attr, patch.kind, 0, self.since, "pending")
-
-
-def _installed(layer: _Layer, state: str | None = None) -> Installed:
-    patch, site = layer.patch, layer.site
-    if state is None:
-        state = "active" if layer.count > 0 else "reverted"
-    return Installed(
-        patch=patch.name,
-        target=str(patch.where),
-        holder=site.label,
-        attr=site.attr,
-        kind=patch.kind,
-        count=layer.count,
-        since=layer.since,
-        state=state,
-    )
 
 
 @attrs.frozen
@@ -741,9 +645,10 @@ class Registry:
                 raise PatchDefinitionError(msg, target=target.name)
             _LOCK.acquire()
             try:
-                return self._release(target)
+                restored: int = self._release(target)
             finally:
                 _LOCK.release()
+            return restored
         name, patches = _patches(target)
         hits = [(patch, self._hits(patch, obj)) for patch in patches]  # user code (selectors): outside the lock
         report = Report(self, name)
@@ -874,7 +779,7 @@ class Registry:
         """Copies of every active install, in install order per attribute."""
         with _LOCK:
             self._purge()
-            live = [_installed(la) for s in self._sites.values() if s.ref() is not None for la in s.layers]
+            live = [entry(la) for s in self._sites.values() if s.ref() is not None for la in s.layers]
             return (*live, *(p.entry() for p in self._pending))
 
     def is_active(self, name: str, obj: Any = None) -> bool:
