@@ -28,7 +28,7 @@ from patchreg import _records
 from patchreg._format import table
 from patchreg._predicates import distributions, on_refresh
 from patchreg._records import ABSENT, Installed, Patch, PatchSet, Report, entry
-from patchreg._targets import Guards, Miss, Site, guards_hold, identity
+from patchreg._targets import Guards, Miss, Site, class_attr, guards_hold, identity
 from patchreg.exceptions import (
     PatchConflictError,
     PatchDefinitionError,
@@ -996,7 +996,7 @@ def _check_instance_class(patch: Patch, cls: type, attr: str) -> None:
             "support weak references, so patchreg could not let it be freed; add '__weakref__' to its __slots__."
         )
         raise UnpatchableTargetError(msg, patch=patch, target=patch.target)
-    raw = _class_raw(cls, attr)
+    raw = class_attr(cls, attr, ABSENT)
     if raw is not ABSENT and hasattr(type(raw), "__set__"):
         msg = (
             f"Cannot patch {attr!r} on a {cls.__qualname__} instance (target {str(patch.where)!r}): the class "
@@ -1080,19 +1080,11 @@ def _check_release(layers: list[_Layer]) -> None:
 def _raw(holder: Any, attr: str) -> Any:
     """The attribute as stored: from ``vars`` along the MRO for classes, ``vars`` otherwise."""
     if isinstance(holder, type):
-        return _class_raw(holder, attr)
+        return class_attr(holder, attr, ABSENT)
     if isinstance(holder, types.ModuleType):
         return vars(holder).get(attr, ABSENT)
     value = vars(holder).get(attr, ABSENT)
-    return value if value is not ABSENT else _class_raw(type(holder), attr)
-
-
-def _class_raw(cls: type, attr: str) -> Any:
-    for klass in cls.__mro__:
-        ns = vars(klass)
-        if attr in ns:
-            return ns[attr]
-    return ABSENT
+    return value if value is not ABSENT else class_attr(type(holder), attr, ABSENT)
 
 
 def _build(patch: Patch, site: _Site, holder: Any, original: Any) -> Any:
@@ -1105,7 +1097,7 @@ def _build(patch: Patch, site: _Site, holder: Any, original: Any) -> Any:
     if site.kind == "instance":
         return _bind_like(value, holder, site.attr, original)
     if site.kind == "class":
-        raw = _class_raw(holder, site.attr)
+        raw = class_attr(holder, site.attr, ABSENT)
         if isinstance(value, types.FunctionType) and isinstance(raw, (staticmethod, classmethod)):
             return type(raw)(value)
         set_name = getattr(type(value), "__set_name__", None)
@@ -1121,7 +1113,7 @@ def _bind_like(value: Any, holder: Any, attr: str, original: Any) -> Any:
         bound = getattr(original, "__self__", None) is holder and callable(original)
         return value.__get__(holder, cls) if bound and hasattr(value, "__get__") else value
     entry = _VERIFIED.get(identity(cls))
-    raw = entry[1].get(attr, ABSENT) if entry is not None and entry[0]() is cls else _class_raw(cls, attr)
+    raw = entry[1].get(attr, ABSENT) if entry is not None and entry[0]() is cls else class_attr(cls, attr, ABSENT)
     if type(raw) is types.FunctionType:
         return value.__get__(holder, cls) if hasattr(value, "__get__") else value
     if isinstance(raw, staticmethod):

@@ -239,7 +239,7 @@ class Selector:
                 holders = nxt
             attr = self._steps[-1].name
             for holder in holders:  # the attribute must come from the class (its type is checked at apply)
-                if isinstance(holder, _NOT_INSTANCES) or class_attr(type(holder), attr) is _UNSET:
+                if isinstance(holder, _NOT_INSTANCES) or class_attr(type(holder), attr, _UNSET) is _UNSET:
                     return None
             sites.extend(Site(holder, attr) for holder in holders)
         return sites, (tuple(reads), tuple(walks))
@@ -301,13 +301,13 @@ def guards_hold(guards: Guards) -> bool:
     return True
 
 
-def class_attr(cls: type, name: str) -> Any:
-    """The attribute as stored on ``cls`` or its bases (``vars`` along the MRO), or ``_UNSET``."""
+def class_attr(cls: type, name: str, default: Any = None) -> Any:
+    """The attribute as stored on ``cls`` or its bases (``vars`` along the MRO), or ``default``."""
     for klass in cls.__mro__:
         ns = vars(klass)
         if name in ns:
             return ns[name]
-    return _UNSET
+    return default
 
 
 def _weak(obj: Any) -> Any:
@@ -324,7 +324,7 @@ def _traced_get(holder: Any, name: str, reads: list[tuple[Any, ...]]) -> Any:
     ns = getattr(holder, "__dict__", None)
     if type(ns) is not dict or cls.__getattribute__ is not object.__getattribute__:  # type: ignore[comparison-overlap]
         return _UNSET
-    raw = class_attr(cls, name)
+    raw = class_attr(cls, name, _UNSET)
     if raw is not _UNSET and (name not in ns or hasattr(type(raw), "__set__")):
         return _UNSET  # served by the class (a property, a descriptor): not followed
     mapping = None
@@ -354,7 +354,7 @@ def _traced_select(items: list[Any], index: str, walks: list[tuple[Any, ...]]) -
     for value in items:
         if isinstance(value, (list, tuple, str, bytes)):
             return None
-        by_values = isinstance(value, Mapping) or _is_module_dict(value)
+        by_values = _by_values(value)
         try:
             elements = list(value.values() if by_values else value)
         except Exception:
@@ -388,9 +388,14 @@ def _select(items: list[Any], index: str) -> list[Any]:
 def _elements(value: Any) -> list[Any]:
     if isinstance(value, list):
         return value
-    if isinstance(value, Mapping) or _is_module_dict(value):
+    if _by_values(value):
         return list(value.values())
     return list(_iterate(value))
+
+
+def _by_values(value: Any) -> bool:
+    """``[*]`` on ``value`` selects its values (a mapping, a ``ModuleDict``), not what iterating it yields."""
+    return isinstance(value, Mapping) or _is_module_dict(value)
 
 
 def _parse_steps(path: object) -> tuple[_Step, ...]:
