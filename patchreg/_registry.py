@@ -718,15 +718,12 @@ class Registry:
         site = layer.site
         holder = site.ref()
         original = layer.original
-        if site.kind == "instance":
-            if original is ABSENT:
-                del holder.__dict__[site.attr]
-            else:
-                holder.__dict__[site.attr] = original
-        elif original is ABSENT:
-            delattr(holder, site.attr)
+        if original is not ABSENT:
+            _write(site, holder, original)
+        elif site.kind == "instance":
+            del vars(holder)[site.attr]
         else:
-            setattr(holder, site.attr, original)
+            delattr(holder, site.attr)
         site.layers.pop()  # after the restore: an interrupt loses nothing
         layer.original = None
         if debug:
