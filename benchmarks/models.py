@@ -73,6 +73,15 @@ def _patchreg_cycle(model: Any) -> Callable[[], None]:
     return op
 
 
+def _apply_revert(model: Any) -> Callable[[], None]:
+    registry, patch_set = patchreg.registry, ours().MTP_DETACH_SET
+
+    def op() -> None:
+        registry.revert(registry.apply(patch_set, model))
+
+    return op
+
+
 def _engine_cycle(model: Any) -> Callable[[], None]:
     block = patchreg.registry.patched(ours().MTP_DETACH_SET, model)
 
@@ -232,18 +241,21 @@ def scaling(settings: Settings) -> Section:
 
     mtp = ours()
     cycles: dict[int, tuple[Callable[[], object], int]] = {}
+    engine_cycles: dict[int, tuple[Callable[[], object], int]] = {}
     for n in engine.SIZES:
         model = _model.build(n)
         with patchreg.Registry("bench-probe").patched(mtp.MTP_DETACH_SET, model) as report:
             targets = report.installed
         cycles[n] = (_patchreg_cycle(model), targets)
+        engine_cycles[n] = (_apply_revert(model), targets)
     rows, spread = engine.per_target("GPTModel, `mtp_patched` enter + exit", cycles, settings)
+    engine_rows, engine_spread = engine.per_target("GPTModel, engine apply + revert", engine_cycles, settings)
     tree_rows, tree_spread = engine.tree_scaling(settings)
     return Section(
         2,
         "Scaling: apply + revert over 1 to 512 MTP layers",
         ("series", "MTP layers / leaves", "targets installed", "per cycle", "per target", "per further target"),
-        rows + tree_rows,
+        rows + engine_rows + tree_rows,
         [
             Check("per-target cost, max/min over 1..512 MTP layers", f"{spread:.2f}x", "<= 2x", spread <= 2.0),
         ],
@@ -252,6 +264,8 @@ def scaling(settings: Settings) -> Section:
             "`_postprocess` plus each MTP layer's patched methods (what the report says was installed). The "
             "target is checked on this series. The sizes of a series are timed interleaved (the order rotates "
             "every repetition), so a change in the machine's load hits every size alike.",
+            f"Engine series (not the checked one): `registry.revert(registry.apply(MTP_DETACH_SET, model))` on the "
+            f"same models, without the `with` statement and `mtp_patched`'s own work; spread {engine_spread:.2f}x.",
             f"nn.Module tree series (no target, for the engine alone): one selector patch "
             f"`mtp.layers[*]._get_embeddings` on trees of N leaves; spread {tree_spread:.2f}x. With one target "
             "per apply, the fixed cost of an apply (plan lookup, guards, report, lock) is not shared by any other target.",

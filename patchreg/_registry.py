@@ -28,7 +28,7 @@ from patchreg import _records
 from patchreg._format import table
 from patchreg._predicates import distributions, on_refresh
 from patchreg._records import ABSENT, Installed, Patch, PatchSet, Report, entry
-from patchreg._targets import Guards, Miss, Site, class_attr, guards_hold, identity
+from patchreg._targets import Guards, Miss, Site, class_attr, compile_guards, identity
 from patchreg.exceptions import (
     PatchConflictError,
     PatchDefinitionError,
@@ -52,6 +52,7 @@ Target = Patch | PatchSet | Iterable[Patch]
 
 
 _SEQUENCE = itertools.count()
+_Ref = weakref.ReferenceType
 
 
 class _Layer:
@@ -71,22 +72,27 @@ class _Layer:
         self.since = since
         self.seq = next(_SEQUENCE)  # install order across registries (patch.backup stacks by it)
         self.original = original  # what patch.backup shows; dropped once restored
-        if site.kind != "instance":
-            self.installed: Any = installed
-        else:
-            try:
-                self.installed = weakref.ref(installed)
-            except TypeError:
-                self.installed = identity(installed)
+        self.installed: Any = installed if site.kind != "instance" else _weak_or_id(installed)
 
     def owns(self, current: Any) -> bool:
         """True when ``current`` is the very object this layer installed."""
         installed: Any = self.installed
         if self.site.kind != "instance":
             return current is installed
-        if type(installed) is weakref.ReferenceType:
+        if type(installed) is _Ref:
             return installed() is current
         return bool(identity(current) == installed)
+
+
+def _weak_or_id(installed: Any) -> Any:
+    """How an instance layer holds what it installed: a weak reference, or else its identity."""
+    try:
+        return _Ref(installed)
+    except TypeError:
+        return identity(installed)
+
+
+_new = object.__new__
 
 
 class _Site:
@@ -218,7 +224,7 @@ class _Plan:
         "__weakref__",
         "flat",
         "gen",
-        "guards",
+        "holds",
         "items",
         "key",
         "name",
@@ -233,7 +239,7 @@ class _Plan:
     flat: tuple[tuple[Patch, _Site, type, int, str, Any, list[_Layer]], ...] | None
     skipped: tuple[tuple[str, str], ...]  # the predicate skips
     gen: int
-    guards: Guards
+    holds: Callable[[], bool]  # the guards, compiled: True while resolving again would find the same holders
     items: tuple[tuple[Patch, str | None, tuple[tuple[_Site, type, int], ...] | None], ...]
     key: tuple[int, ...]
     name: str
@@ -273,7 +279,7 @@ class _Plan:
                 walks.extend(traced[1][1])  # type: ignore[index]
             items.append((patch, reason, None if entries is None else tuple(entries)))
         plan.items = tuple(items)
-        plan.guards = (tuple(reads), tuple(walks)) if reads or walks else _NO_GUARDS
+        plan.holds = compile_guards((tuple(reads), tuple(walks)))
         plan.skipped = tuple((p.name, reason) for p, reason, _e in items if reason is not None)
         planned = all(reason is not None or entries is not None for _p, reason, entries in items)
         flat = [
@@ -304,7 +310,7 @@ class _Plan:
 
     def work(self, registry: Registry, obj: Any) -> tuple[list[_Work], list[tuple[str, str]]] | None:
         """The work and skips of an apply now, or None when the plan is stale (resolve again)."""
-        if self.gen != _generation[0] or not guards_hold(self.guards):
+        if self.gen != _generation[0] or not self.holds():
             return None
         work: list[_Work] = []
         skipped: list[tuple[str, str]] = []
@@ -327,9 +333,6 @@ class _Plan:
                         _check_patchable(patch, holder, attr)
                     work.append((patch, holder, attr))
         return work, skipped
-
-
-_NO_GUARDS: Guards = ((), ())
 
 
 def _none() -> None:
@@ -436,7 +439,7 @@ class Registry:
 
     def _apply_planned(self, plan: _Plan, strict: bool, warn: bool) -> Report | None:
         """Apply a plan whose every patch is planned; None when it turns out stale (nothing changed)."""
-        if plan.gen != _generation[0] or (plan.guards is not _NO_GUARDS and not guards_hold(plan.guards)):
+        if plan.gen != _generation[0] or not plan.holds():
             return None
         if plan.skipped and (strict or warn):
             self._report_skips(plan.name, list(plan.skipped), strict)
@@ -458,7 +461,10 @@ class Registry:
                     if mode and not stack and attr not in ns:  # the clean case, checked when planned
                         value = replacement if mode == _PLAIN else _MethodType(replacement, holder)
                         ns[attr] = value
-                        layer = _Layer(patch, site, value, now, ABSENT)
+                        layer = _new(_Layer)  # _Layer(patch, site, value, now, ABSENT), inline
+                        layer.patch, layer.site, layer.count, layer.since = patch, site, 1, now
+                        layer.seq, layer.original = next(_SEQUENCE), ABSENT
+                        layer.installed = _Ref(value) if mode == _METHOD else _weak_or_id(value)
                         stack.append(layer)
                         layers.append(layer)
                         installed += 1
@@ -690,9 +696,16 @@ class Registry:
         for i in range(todo):  # the common case, each layer alone on its site with one user: checked here
             layer = taken[i]
             site = layer.site
-            if layer.count != 1 or len(site.layers) != 1 or not layer.owns(site.current()):  # else: all clear
-                _check_release([la for la in reversed(taken[:todo]) if la.count > 0 and la.site.ref() is not None])
-                break
+            if layer.count == 1 and len(site.layers) == 1:
+                installed = layer.installed
+                if site.kind == "instance" and type(installed) is _Ref:  # layer.owns(site.current()), inline
+                    holder = site.ref()
+                    if holder is not None and holder.__dict__.get(site.attr, ABSENT) is installed():
+                        continue
+                elif layer.owns(site.current()):
+                    continue
+            _check_release([la for la in reversed(taken[:todo]) if la.count > 0 and la.site.ref() is not None])
+            break
         restored = 0
         debug = log.isEnabledFor(logging.DEBUG)
         for i in range(todo - 1, -1, -1):  # last taken first

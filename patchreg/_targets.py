@@ -19,7 +19,7 @@ import attrs
 
 from patchreg.exceptions import PatchDefinitionError, UnpatchableTargetError
 
-__all__ = ["Guards", "ImportPath", "Selector", "Site", "guards_hold", "parse_import_path", "parse_target"]
+__all__ = ["Guards", "ImportPath", "Selector", "Site", "compile_guards", "parse_import_path", "parse_target"]
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _DOTTED = re.compile(rf"{_IDENT}(?:\.{_IDENT})*\Z")
@@ -269,35 +269,60 @@ class Selector:
 Guards = tuple[tuple[tuple[Any, ...], ...], tuple[tuple[Any, ...], ...]]
 
 
-def guards_hold(guards: Guards) -> bool:
-    """True while every read and walk of a trace would find the same objects again."""
+def compile_guards(guards: Guards) -> Callable[[], bool]:
+    """A function that is True while every read and walk of a trace would find the same objects again.
+
+    It closes over the guards' weak references only. A walk whose container is the value of the
+    last read takes it from there rather than through its own reference.
+    """
     reads, walks = guards
-    value: Any = None
-    for href, name, mapping, vref in reads:
-        holder = value if href is None else href()
-        if holder is None:
-            return False
-        ns = holder.__dict__
-        if mapping is None:
-            found = ns.get(name)
-        elif name in ns:
-            return False
-        else:
-            inner = ns.get(mapping)
-            found = inner.get(name) if isinstance(inner, dict) else None
-        value = vref()
-        if found is None or found is not value:
-            return False
-    for cref, cls, by_values, snapshot in walks:
-        container = cref()
-        if container is None or type(container) is not cls:
-            return False
-        try:
-            elements = list(container.values() if by_values else container)
-        except Exception:  # a container's own code: any failure means resolve again
-            return False
-        if len(elements) != len(snapshot) or not all(map(operator.is_, elements, [r() for r in snapshot])):
-            return False
+    if not reads and not walks:
+        return _always
+    last = reads[-1][3]() if reads else None
+    walks = tuple(
+        (None if last is not None and cref() is last else cref, cls, by_values, snapshot)
+        for cref, cls, by_values, snapshot in walks
+    )
+    is_ = operator.is_
+
+    def check() -> bool:
+        value: Any = None
+        for href, name, mapping, vref in reads:
+            holder = value if href is None else href()
+            if holder is None:
+                return False
+            ns = holder.__dict__
+            if mapping is None:
+                found = ns.get(name)
+            elif name in ns:
+                return False
+            else:
+                inner = ns.get(mapping)
+                found = inner.get(name) if isinstance(inner, dict) else None
+            value = vref()
+            if found is None or found is not value:
+                return False
+        for cref, cls, by_values, snapshot in walks:
+            container = value if cref is None else cref()
+            if container is None or type(container) is not cls:
+                return False
+            try:  # iter(): no __len__ call (list() would take it as a hint)
+                elements = list(container.values()) if by_values else list(iter(container))
+            except Exception:  # a container's own code: any failure means resolve again
+                return False
+            if len(elements) != len(snapshot):
+                return False
+            if len(elements) == 1:
+                if elements[0] is not snapshot[0]():
+                    return False
+            elif not all(map(is_, elements, [r() for r in snapshot])):
+                return False
+        return True
+
+    return check
+
+
+def _always() -> bool:
     return True
 
 

@@ -91,15 +91,44 @@ def test_a_plan_is_made_on_the_second_apply_and_reused() -> None:
     assert plan.flat is not None and len(plan.flat) == 3
 
 
-def test_replaced_layer_is_patched_and_the_old_one_is_not() -> None:
-    registry, m = Registry("t"), model()
+@pytest.mark.parametrize("n", [1, 2, 12])  # guards: one element is compared alone, more in one map
+@pytest.mark.parametrize("at", [0, -1])
+def test_replaced_layer_is_patched_and_the_old_one_is_not(n: int, at: int) -> None:
+    registry, m = Registry("t"), model(n)
     planned(registry, m)
-    old = m.mtp.layers._children["1"]
-    m.mtp.layers.replace(1, Node("new"))
+    i = at % n
+    old = m.mtp.layers._children[str(i)]
+    m.mtp.layers.replace(i, Node("new"))
     with registry.patched(SET, m):
-        assert patched_tags(m) == ["layer0", "new"]
+        tags = [f"layer{k}" for k in range(n)]
+        tags[i] = "new"
+        assert patched_tags(m) == tags
         assert "forward" not in vars(old)
     assert patched_tags(m) == []
+
+
+class Named(dict[str, Any]):
+    """A ModuleDict-like mapping: ``[*]`` selects its values."""
+
+
+def test_mapping_walks_and_nested_walks_are_guarded() -> None:
+    registry = Registry("t")
+    inner = [Layers(Node("a0"), Node("a1")), Layers(Node("b0"))]
+    tree = Node("tree", heads=Named(x=Node("x"), y=Node("y")), grid=Layers(*inner))
+    heads = Patch("heads", "heads[*].forward", plain("h"))
+    grid = Patch("grid", "grid[*][*].forward", plain("g"))  # the inner walks' containers are elements, not reads
+    both = PatchSet("walks", (heads, grid))
+    for _ in range(3):
+        with registry.patched(both, tree) as report:
+            assert report.installed == 5
+    assert registry._last is not None and registry._last.flat is not None
+    tree.heads["z"] = Node("z")
+    inner[1].replace(0, Node("b0-new"))
+    with registry.patched(both, tree) as report:
+        assert report.installed == 6
+        assert [tree.heads[k].forward(0) for k in "xyz"] == ["h", "h", "h"]
+        assert inner[1]._children["0"].forward(0) == "g" and inner[1]._children["0"].tag == "b0-new"
+    assert all("forward" not in vars(node) for node in [*tree.heads.values(), *inner[0], *inner[1]])
 
 
 def test_appended_layer_is_patched() -> None:
