@@ -17,6 +17,7 @@ class Settings:
     warm_ops: int = 20000
     cycle_ops: int = 300
     steps: int = 400
+    after_steps: int = 101
     rss_steps: int = 30
     hygiene_models: int = 100
 
@@ -35,6 +36,7 @@ class Settings:
             warm_ops=2000,
             cycle_ops=50,
             steps=3,
+            after_steps=3,
             rss_steps=2,
             hygiene_models=10,
         )

@@ -86,3 +86,26 @@ def compare(
         for name in names[shift:] + names[:shift]:
             samples[name].append(timed(variants[name], numbers[name]))
     return Comparison({n: Stats.of(v) for n, v in samples.items()}, samples)
+
+
+def compare_after(
+    ops: Mapping[str, Callable[[], object]], before: Callable[[], object], *, repeat: int, warmup: int = 2
+) -> Comparison:
+    """Time one call of every op right after ``before()`` (untimed), ``repeat`` times, interleaved.
+
+    The cost an operation has where a program really runs it: between training steps, with the
+    caches and branch predictors a step leaves behind, not those of a tight loop.
+    """
+    names = list(ops)
+    loops = {name: looped(ops[name]) for name in names}
+    for _ in range(warmup):
+        for name in names:
+            before()
+            loops[name](1)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(repeat):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            before()
+            samples[name].append(timed(loops[name], 1))
+    return Comparison({n: Stats.of(v) for n, v in samples.items()}, samples)

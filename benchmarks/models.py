@@ -21,7 +21,7 @@ from benchmarks import _model
 from benchmarks._peers import PeerUnavailable, Sink, load_verl
 from benchmarks._report import Check, Section
 from benchmarks._settings import Settings
-from benchmarks._timing import compare, looped
+from benchmarks._timing import Comparison, compare, compare_after, looped
 
 #: (holder path from the model, attribute) of the three MTP patches, as mock/monkeypatch/wrapt see them.
 SITES = (("", "_postprocess"), ("mtp.layers.0", "_get_embeddings"), ("mtp.layers.0", "_checkpointed_forward"))
@@ -194,11 +194,13 @@ def cycles(settings: Settings) -> Section:
         _wrapt_cycle,
         _engine_cycle,
     ]
+    ops: dict[str, Callable[[], object]] = {}
     for name, builder in zip(names, builders, strict=True):
         if builder is None:
             continue
         models[name] = _model.build()
-        variants[name] = looped(builder(models[name]))
+        ops[name] = builder(models[name])
+        variants[name] = looped(ops[name])
     with patchreg.Registry("bench-probe").patched(mtp.MTP_DETACH_SET, models[names[0]]) as report:
         installed = report.installed
         skipped = [n for n, _ in report.skipped]
@@ -208,6 +210,16 @@ def cycles(settings: Settings) -> Section:
     for name in variants:
         ratio = cmp.ratio(ours_name, name)
         section.rows.append((name, cmp.stats[name].us(), "-" if name == ours_name else f"{ratio.median:.3f}x"))
+    after = _after_a_step(ops, settings)
+    for name in ops:
+        ratio = after.ratio(ours_name, name)
+        section.rows.append(
+            (
+                f"{name}, right after a training step",
+                after.stats[name].us(),
+                "-" if name == ours_name else f"{ratio.median:.3f}x",
+            )
+        )
     ours_us = cmp.stats[ours_name].median / 1e3
     section.checks.append(Check("enter + exit, mtp_patched", f"{ours_us:.2f} µs", "<= 10 µs", ours_us <= 10))
     for peer, bar in (("verl 0.9.1 patch+unpatch", 0.1), ("mock.patch.object x3", 0.3)):
@@ -227,9 +239,22 @@ def cycles(settings: Settings) -> Section:
         "model discovery, no MTP report); the difference to the first row is the patch set's own per-enter work.",
         "mock, MonkeyPatch and wrapt install the same three replacements on the same three attributes "
         "(the model's `_postprocess`, MTP layer 0's `_get_embeddings` and `_checkpointed_forward`).",
+        f'"Right after a training step": one cycle timed alone after a forward + backward of another tiny model '
+        f"(untimed; {settings.after_steps} rounds, sides interleaved), where an RL loop enters and exits: the "
+        "caches a step leaves make every side several times dearer than in the tight loop of the rows above, "
+        "which are what the targets are checked on.",
         *notes,
     ]
     return section
+
+
+def _after_a_step(ops: dict[str, Callable[[], object]], settings: Settings) -> Comparison:
+    """Each side's cycle timed once right after a training step of another model, interleaved."""
+    from benchmarks import _step
+
+    model, batch = _step.model_and_batch()
+    with _step.cpu_block(), ours().mtp_patched(model, detach_encoder=True), _quiet_stdout():
+        return compare_after(ops, lambda: _step.forward_backward(model, batch), repeat=settings.after_steps)
 
 
 # -- 2. scaling ----------------------------------------------------------------------------
