@@ -80,8 +80,14 @@ class _Layer:
         if self.site.kind != "instance":
             return current is installed
         if type(installed) is _Ref:
-            return installed() is current
+            mine = installed()  # None once what was installed is gone: then nothing there is ours
+            return mine is not None and mine is current
         return bool(identity(current) == installed)
+
+    def releasable(self, current: Any) -> bool:
+        """True when releasing this layer (the top one) restores exactly: ``current`` is what it installed,
+        or the attribute was removed and there was none before (the original state is already there)."""
+        return self.owns(current) or (current is ABSENT and self.original is ABSENT)
 
 
 def _weak_or_id(installed: Any) -> Any:
@@ -699,8 +705,8 @@ class Registry:
             if layer.count == 1 and len(site.layers) == 1:
                 installed = layer.installed
                 if site.kind == "instance" and type(installed) is _Ref:  # layer.owns(site.current()), inline
-                    holder = site.ref()
-                    if holder is not None and holder.__dict__.get(site.attr, ABSENT) is installed():
+                    holder, mine = site.ref(), installed()
+                    if holder is not None and mine is not None and holder.__dict__.get(site.attr, ABSENT) is mine:
                         continue
                 elif layer.owns(site.current()):
                     continue
@@ -715,7 +721,7 @@ class Registry:
                 holder = site.ref()
                 if holder is not None:
                     if site.kind == "instance" and layer.original is ABSENT and not debug:  # _uninstall, inline
-                        del holder.__dict__[site.attr]
+                        holder.__dict__.pop(site.attr, None)  # absent if someone else removed it: nothing to restore
                         site.layers.pop()
                     else:
                         self._uninstall(layer, debug)
@@ -734,8 +740,8 @@ class Registry:
         if original is not ABSENT:
             _write(site, holder, original)
         elif site.kind == "instance":
-            del vars(holder)[site.attr]
-        else:
+            vars(holder).pop(site.attr, None)  # absent when someone else removed it: nothing to restore
+        elif site.attr in vars(holder):
             delattr(holder, site.attr)
         site.layers.pop()  # after the restore: an interrupt loses nothing
         layer.original = None
@@ -1070,7 +1076,7 @@ def _check_release(layers: list[_Layer]) -> None:
         if stack is None:
             stack = tops[site] = site.layers[:]
             current = site.current()
-            if stack[-1] is layer and not layer.owns(current):
+            if stack[-1] is layer and not layer.releasable(current):
                 msg = (
                     f"Cannot revert patch {layer.patch.name!r} on {site.label}.{site.attr}: the attribute now holds "
                     f"{current!r}, not what patchreg installed (someone patched over it). Undo that patch first; "

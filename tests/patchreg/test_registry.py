@@ -325,6 +325,44 @@ def test_ownership_on_instance_and_block_exit(patch_registry: Registry) -> None:
     assert vars(leaf) == {"tag": "leaf"}
 
 
+def test_a_foreign_none_over_a_freed_install_is_not_taken_for_ours(patch_registry: Registry) -> None:
+    """Once the bound method we installed is gone, a None put there is foreign: kept, and revert raises."""
+    leaf = sample.Leaf()
+    p = Patch("fw", "forward", plain("ours"))
+    report = patch_registry.apply(p, leaf)
+    leaf.forward = None  # type: ignore[assignment,method-assign]  # our bound method is freed here
+    with pytest.raises(PatchOwnershipError, match="holds None"):
+        patch_registry.revert(report)
+    assert vars(leaf)["forward"] is None
+    del leaf.forward  # the remedy the error names: undo the foreign patch
+    assert patch_registry.revert(report) == 1
+    assert vars(leaf) == {"tag": "leaf"} and not patch_registry.active()
+
+
+@pytest.mark.parametrize("where", ["instance", "class"])
+def test_an_install_removed_by_someone_else_releases_when_nothing_was_there(
+    patch_registry: Registry, pristine: Any, where: str
+) -> None:
+    """Overwritten and then deleted by foreign code: the original state (no attribute) is back, so the
+    release succeeds instead of refusing forever; nothing is written."""
+    if where == "instance":
+        holder: Any = sample.Leaf()
+        p = Patch("fw", "forward", plain("ours"))
+        report = patch_registry.apply(p, holder)
+    else:
+        holder = sample.Child
+        p = Patch("inh", f"{M}:Child.inherited", plain("ours"))  # defined on Base: nothing on Child before
+        report = patch_registry.apply(p)
+    name = "forward" if where == "instance" else "inherited"
+    setattr(holder, name, plain("foreign"))
+    delattr(holder, name)
+    assert patch_registry.revert(report) == 1
+    assert not patch_registry.active()
+    pristine()
+    if where == "instance":
+        assert vars(holder) == {"tag": "leaf"}
+
+
 def test_unpatchable_targets_refused_before_change(patch_registry: Registry, pristine: Any) -> None:
     """Slots instances, data descriptors on instances and immutable types are refused up front."""
     cases = [
