@@ -28,7 +28,7 @@ from patchreg import _records
 from patchreg._format import table
 from patchreg._predicates import distributions, on_refresh
 from patchreg._records import ABSENT, Installed, Patch, PatchSet, Report, entry
-from patchreg._targets import Guards, Miss, Site, class_attr, compile_guards, identity
+from patchreg._targets import Guards, Miss, Site, class_attr, guard_check, identity
 from patchreg.exceptions import (
     PatchConflictError,
     PatchDefinitionError,
@@ -245,7 +245,7 @@ class _Plan:
     flat: tuple[tuple[Patch, _Site, type, int, str, Any, list[_Layer]], ...] | None
     skipped: tuple[tuple[str, str], ...]  # the predicate skips
     gen: int
-    holds: Callable[[], bool]  # the guards, compiled: True while resolving again would find the same holders
+    holds: Callable[[], bool]  # the guards as one check: True while resolving again would find the same holders
     items: tuple[tuple[Patch, str | None, tuple[tuple[_Site, type, int], ...] | None], ...]
     key: tuple[int, ...]
     name: str
@@ -285,7 +285,7 @@ class _Plan:
                 walks.extend(traced[1][1])  # type: ignore[index]
             items.append((patch, reason, None if entries is None else tuple(entries)))
         plan.items = tuple(items)
-        plan.holds = compile_guards((tuple(reads), tuple(walks)))
+        plan.holds = guard_check((tuple(reads), tuple(walks)))
         plan.skipped = tuple((p.name, reason) for p, reason, _e in items if reason is not None)
         planned = all(reason is not None or entries is not None for _p, reason, entries in items)
         flat = [

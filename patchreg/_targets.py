@@ -19,7 +19,7 @@ import attrs
 
 from patchreg.exceptions import PatchDefinitionError, UnpatchableTargetError
 
-__all__ = ["Guards", "ImportPath", "Selector", "Site", "compile_guards", "parse_import_path", "parse_target"]
+__all__ = ["Guards", "ImportPath", "Selector", "Site", "guard_check", "parse_import_path", "parse_target"]
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _DOTTED = re.compile(rf"{_IDENT}(?:\.{_IDENT})*\Z")
@@ -269,7 +269,7 @@ class Selector:
 Guards = tuple[tuple[tuple[Any, ...], ...], tuple[tuple[Any, ...], ...]]
 
 
-def compile_guards(guards: Guards) -> Callable[[], bool]:
+def guard_check(guards: Guards) -> Callable[[], bool]:
     """A function that is True while every read and walk of a trace would find the same objects again.
 
     It closes over the guards' weak references only. A walk whose container is the value of the
