@@ -15,7 +15,7 @@ import inspect
 import sys
 import types
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from patches.megatron.errors import MissingUpstreamArgumentError
 
@@ -45,6 +45,7 @@ _PARAMS: dict[Any, tuple[dict[str, inspect.Parameter], bool]] = {}
 _ADAPTERS: dict[Any, Adapter] = {}
 _BINDERS: dict[Any, Binder] = {}
 _FUNCTION = types.FunctionType
+_T = TypeVar("_T")
 
 
 def mcore_version() -> str:
@@ -88,18 +89,24 @@ def cache_key(func: Any) -> Any:
     return func if type(func) is _FUNCTION else _unwrap(func)
 
 
+def _per_function(cache: dict[Any, _T], make: Callable[[Any], _T], func: Any) -> _T:
+    """``make(func)``, made once per function object (bound methods share their function's) and kept in ``cache``."""
+    key = cache_key(func)
+    found = cache.get(key)
+    if found is None:
+        found = cache[key] = make(func)
+    return found
+
+
 def parameters(func: Callable[..., Any]) -> tuple[dict[str, inspect.Parameter], bool]:
     """The named parameters of ``func`` (without ``self``) and whether it takes ``**kwargs``; cached."""
-    key = cache_key(func)
-    found = _PARAMS.get(key)
-    if found is None:
-        sig = inspect.signature(func)
-        named = {
-            n: p for n, p in sig.parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and n != "self"
-        }
-        found = (named, any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()))
-        _PARAMS[key] = found
-    return found
+    return _per_function(_PARAMS, _read_parameters, func)
+
+
+def _read_parameters(func: Callable[..., Any]) -> tuple[dict[str, inspect.Parameter], bool]:
+    sig = inspect.signature(func)
+    named = {n: p for n, p in sig.parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and n != "self"}
+    return named, any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
 
 
 class Adapter:
@@ -126,11 +133,7 @@ class Adapter:
 
 def adapter(func: Callable[..., Any]) -> Adapter:
     """The :class:`Adapter` of ``func``, cached per function object (bound methods share their function's)."""
-    key = cache_key(func)
-    found = _ADAPTERS.get(key)
-    if found is None:
-        found = _ADAPTERS[key] = Adapter(func)
-    return found
+    return _per_function(_ADAPTERS, Adapter, func)
 
 
 def call_kwargs(
@@ -189,11 +192,7 @@ class Binder:
 
 def binder(func: Callable[..., Any]) -> Binder:
     """The :class:`Binder` of ``func`` (an unbound method), cached per function object."""
-    key = cache_key(func)
-    found = _BINDERS.get(key)
-    if found is None:
-        found = _BINDERS[key] = Binder(func)
-    return found
+    return _per_function(_BINDERS, Binder, func)
 
 
 def _where(func: Callable[..., Any]) -> str:
