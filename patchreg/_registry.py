@@ -196,7 +196,7 @@ on_refresh(_stale_plans)
 
 def _plan_key(target: object, obj: Any) -> tuple[int, ...]:
     if isinstance(obj, (list, tuple)):
-        return (identity(target), *map(id, obj))
+        return (identity(target), *map(identity, obj))
     return (identity(target), identity(obj))
 
 
