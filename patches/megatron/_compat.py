@@ -27,12 +27,12 @@ __all__ = [
     "Binder",
     "adapter",
     "binder",
-    "cache_key",
     "call",
     "call_kwargs",
     "mcore_version",
     "module",
     "parameters",
+    "per_function",
     "upstream",
 ]
 
@@ -89,7 +89,7 @@ def cache_key(func: Any) -> Any:
     return func if type(func) is _FUNCTION else _unwrap(func)
 
 
-def _per_function(cache: dict[Any, _T], make: Callable[[Any], _T], func: Any) -> _T:
+def per_function(cache: dict[Any, _T], make: Callable[[Any], _T], func: Any) -> _T:
     """``make(func)``, made once per function object (bound methods share their function's) and kept in ``cache``."""
     key = cache_key(func)
     found = cache.get(key)
@@ -100,7 +100,7 @@ def _per_function(cache: dict[Any, _T], make: Callable[[Any], _T], func: Any) ->
 
 def parameters(func: Callable[..., Any]) -> tuple[dict[str, inspect.Parameter], bool]:
     """The named parameters of ``func`` (without ``self``) and whether it takes ``**kwargs``; cached."""
-    return _per_function(_PARAMS, _read_parameters, func)
+    return per_function(_PARAMS, _read_parameters, func)
 
 
 def _read_parameters(func: Callable[..., Any]) -> tuple[dict[str, inspect.Parameter], bool]:
@@ -133,7 +133,7 @@ class Adapter:
 
 def adapter(func: Callable[..., Any]) -> Adapter:
     """The :class:`Adapter` of ``func``, cached per function object (bound methods share their function's)."""
-    return _per_function(_ADAPTERS, Adapter, func)
+    return per_function(_ADAPTERS, Adapter, func)
 
 
 def call_kwargs(
@@ -192,7 +192,7 @@ class Binder:
 
 def binder(func: Callable[..., Any]) -> Binder:
     """The :class:`Binder` of ``func`` (an unbound method), cached per function object."""
-    return _per_function(_BINDERS, Binder, func)
+    return per_function(_BINDERS, Binder, func)
 
 
 def _where(func: Callable[..., Any]) -> str:

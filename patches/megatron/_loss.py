@@ -15,7 +15,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from patches.megatron._compat import MTP, adapter, cache_key, module, upstream
+from patches.megatron._compat import MTP, adapter, module, per_function, upstream
 
 __all__ = ["LastLosses", "attach_mtp_loss", "last_losses", "process_groups", "roll"]
 
@@ -75,17 +75,18 @@ _ROLL_TAKES_ALL: dict[Any, bool] = {}
 def roll(tensor: Any, cp_group: Any, packed_seq_params: Any) -> tuple[Any, Any]:
     """``roll_tensor(tensor, -1)`` of the installed release, with the CP/packing arguments it takes."""
     roll_tensor = upstream(MTP, "roll_tensor")
-    key = cache_key(roll_tensor)
-    takes_all = _ROLL_TAKES_ALL.get(key)
-    if takes_all is None:  # read once per roll_tensor: 0.16+ take all five
-        takes_all = _ROLL_TAKES_ALL[key] = _ROLL_ARGS.issubset(adapter(roll_tensor).names)
-    if takes_all:
+    if per_function(_ROLL_TAKES_ALL, _takes_all_roll_args, roll_tensor):  # read once per roll_tensor
         return roll_tensor(  # type: ignore[no-any-return]
             tensor=tensor, shifts=-1, dims=-1, cp_group=cp_group, packed_seq_params=packed_seq_params
         )
     available = {"tensor": tensor, "shifts": -1, "dims": -1, "cp_group": cp_group}
     available["packed_seq_params"] = packed_seq_params
     return roll_tensor(**adapter(roll_tensor).kwargs(available))  # type: ignore[no-any-return]
+
+
+def _takes_all_roll_args(roll_tensor: Any) -> bool:
+    """0.16+ ``roll_tensor`` takes all five arguments: it can be called directly."""
+    return _ROLL_ARGS.issubset(adapter(roll_tensor).names)
 
 
 def _head_weight(model: Any, output_weight: Any, detach: bool) -> Any:

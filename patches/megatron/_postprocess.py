@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from patches.megatron._compat import adapter, binder, cache_key, parameters, upstream
+from patches.megatron._compat import adapter, binder, parameters, per_function, upstream
 from patches.megatron._loss import attach_mtp_loss, process_groups, roll
 
 __all__ = ["postprocess", "postprocess_detached"]
@@ -111,11 +111,11 @@ def _run_mtp(self: Any, a: dict[str, Any], hidden: Any, detach: bool) -> list[An
 
 def _takes_decoder_input(layer_forward: Any) -> bool:
     """0.13's MTP layers take the embedded shifted tokens (``decoder_input``); read once per forward function."""
-    key = cache_key(layer_forward)
-    found = _TAKES_DECODER_INPUT.get(key)
-    if found is None:
-        found = _TAKES_DECODER_INPUT[key] = "decoder_input" in parameters(layer_forward)[0]
-    return found
+    return per_function(_TAKES_DECODER_INPUT, _reads_decoder_input, layer_forward)
+
+
+def _reads_decoder_input(layer_forward: Any) -> bool:
+    return "decoder_input" in parameters(layer_forward)[0]
 
 
 _LAYER_INPUTS = (
