@@ -71,41 +71,31 @@ def timed(loop: Loop, n: int) -> float:
 
 
 def compare(
-    variants: Mapping[str, Loop], *, number: int | Mapping[str, int], repeat: int, warmup: int = 1
+    variants: Mapping[str, Loop],
+    *,
+    number: int | Mapping[str, int],
+    repeat: int,
+    warmup: int = 1,
+    before: Callable[[], object] | None = None,
 ) -> Comparison:
-    """Time every variant ``repeat`` times (blocks of ``number`` operations, or ``number[name]``), interleaved."""
+    """Time every variant ``repeat`` times (blocks of ``number`` operations, or ``number[name]``), interleaved.
+
+    With ``before``, it runs (untimed) ahead of every block: e.g. a training step, so that a block of
+    one operation costs what it costs where a program really runs it, with the caches a step leaves.
+    """
     names = list(variants)
     numbers = {name: number if isinstance(number, int) else number[name] for name in names}
     for name in names:
         for _ in range(warmup):
+            if before is not None:
+                before()
             variants[name](max(1, numbers[name] // 4))
     gc.collect()
     samples: dict[str, list[float]] = {name: [] for name in names}
     for r in range(repeat):
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
+            if before is not None:
+                before()
             samples[name].append(timed(variants[name], numbers[name]))
-    return Comparison({n: Stats.of(v) for n, v in samples.items()}, samples)
-
-
-def compare_after(
-    ops: Mapping[str, Callable[[], object]], before: Callable[[], object], *, repeat: int, warmup: int = 2
-) -> Comparison:
-    """Time one call of every op right after ``before()`` (untimed), ``repeat`` times, interleaved.
-
-    The cost an operation has where a program really runs it: between training steps, with the
-    caches and branch predictors a step leaves behind, not those of a tight loop.
-    """
-    names = list(ops)
-    loops = {name: looped(ops[name]) for name in names}
-    for _ in range(warmup):
-        for name in names:
-            before()
-            loops[name](1)
-    samples: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(repeat):
-        shift = r % len(names)
-        for name in names[shift:] + names[:shift]:
-            before()
-            samples[name].append(timed(loops[name], 1))
     return Comparison({n: Stats.of(v) for n, v in samples.items()}, samples)

@@ -21,7 +21,7 @@ from benchmarks import _model
 from benchmarks._peers import PeerUnavailable, Sink, load_verl
 from benchmarks._report import Check, Section
 from benchmarks._settings import Settings
-from benchmarks._timing import Comparison, compare, compare_after, looped
+from benchmarks._timing import Comparison, Loop, compare, looped
 
 #: (holder path from the model, attribute) of the three MTP patches, as mock/monkeypatch/wrapt see them.
 SITES = (("", "_postprocess"), ("mtp.layers.0", "_get_embeddings"), ("mtp.layers.0", "_checkpointed_forward"))
@@ -194,13 +194,11 @@ def cycles(settings: Settings) -> Section:
         _wrapt_cycle,
         _engine_cycle,
     ]
-    ops: dict[str, Callable[[], object]] = {}
     for name, builder in zip(names, builders, strict=True):
         if builder is None:
             continue
         models[name] = _model.build()
-        ops[name] = builder(models[name])
-        variants[name] = looped(ops[name])
+        variants[name] = looped(builder(models[name]))
     with patchreg.Registry("bench-probe").patched(mtp.MTP_DETACH_SET, models[names[0]]) as report:
         installed = report.installed
         skipped = [n for n, _ in report.skipped]
@@ -210,8 +208,8 @@ def cycles(settings: Settings) -> Section:
     for name in variants:
         ratio = cmp.ratio(ours_name, name)
         section.rows.append((name, cmp.stats[name].us(), "-" if name == ours_name else f"{ratio.median:.3f}x"))
-    after = _after_a_step(ops, settings)
-    for name in ops:
+    after = _after_a_step(variants, settings)
+    for name in variants:
         ratio = after.ratio(ours_name, name)
         section.rows.append(
             (
@@ -248,13 +246,19 @@ def cycles(settings: Settings) -> Section:
     return section
 
 
-def _after_a_step(ops: dict[str, Callable[[], object]], settings: Settings) -> Comparison:
+def _after_a_step(variants: dict[str, Loop], settings: Settings) -> Comparison:
     """Each side's cycle timed once right after a training step of another model, interleaved."""
     from benchmarks import _step
 
     model, batch = _step.model_and_batch()
     with _step.cpu_block(), ours().mtp_patched(model, detach_encoder=True), _quiet_stdout():
-        return compare_after(ops, lambda: _step.forward_backward(model, batch), repeat=settings.after_steps)
+        return compare(
+            variants,
+            number=1,
+            repeat=settings.after_steps,
+            warmup=2,
+            before=lambda: _step.forward_backward(model, batch),
+        )
 
 
 # -- 2. scaling ----------------------------------------------------------------------------
