@@ -221,8 +221,11 @@ class _Plan:
     """One Patch or PatchSet resolved on one object, re-used while its guards hold.
 
     ``items`` per patch: ``(patch, skip reason, entries)``: a predicate's skip (valid until
-    ``refresh()``), or entries ``(site, holder type, bind mode)`` of a traced selector, or None
-    for a patch resolved at every apply (import paths, misses, walks guards cannot follow).
+    ``refresh()``), or entries ``(site, holder type, class value, bind mode)`` of a traced selector,
+    or None for a patch resolved at every apply (import paths, misses, walks guards cannot follow).
+    The class value is ``getattr(holder type, attr)`` when planned: an entry is stale once it is not
+    that object (the method deleted from the class, or replaced); an attribute whose class value is
+    not the same object on every read (a ``classmethod``) leaves its patch resolved at every apply.
     Everything is held weakly: a plan never keeps its object alive, and goes with it.
     """
 
@@ -241,12 +244,13 @@ class _Plan:
         "target",
     )
 
-    #: every planned install, when all are: (patch, site, holder type, bind mode, attr, replacement, site.layers)
-    flat: tuple[tuple[Patch, _Site, type, int, str, Any, list[_Layer]], ...] | None
+    #: every planned install, when all are:
+    #: (patch, site, holder type, class value, bind mode, attr, replacement, site.layers)
+    flat: tuple[tuple[Patch, _Site, type, Any, int, str, Any, list[_Layer]], ...] | None
     skipped: tuple[tuple[str, str], ...]  # the predicate skips
     gen: int
     holds: Callable[[], bool]  # the guards as one check: True while resolving again would find the same holders
-    items: tuple[tuple[Patch, str | None, tuple[tuple[_Site, type, int], ...] | None], ...]
+    items: tuple[tuple[Patch, str | None, tuple[tuple[_Site, type, Any, int], ...] | None], ...]
     key: tuple[int, ...]
     name: str
     plans: dict[tuple[int, ...], _Plan]
@@ -267,19 +271,25 @@ class _Plan:
             return None
         plan.target = plan.refs[0]
         plan.obj = _none if obj is None else plan.refs[1] if len(chunks) == 1 and chunks[0] is obj else _never
-        items: list[tuple[Patch, str | None, tuple[tuple[_Site, type, int], ...] | None]] = []
+        items: list[tuple[Patch, str | None, tuple[tuple[_Site, type, Any, int], ...] | None]] = []
         reads: list[tuple[Any, ...]] = []
         walks: list[tuple[Any, ...]] = []
         for patch, reason, traced in traces:
-            entries: list[tuple[_Site, type, int]] | None = None
+            entries: list[tuple[_Site, type, Any, int]] | None = None
             if traced is not None:
                 entries = []
                 for holder, attr in traced[0]:
                     site = registry._sites.get((identity(holder), attr))
-                    if site is None or site.ref() is not holder:
+                    kind = type(holder)
+                    try:  # what an apply compares (one getattr): only an attribute that reads the same each time
+                        known = getattr(kind, attr, ABSENT)
+                        stable = known is not ABSENT and getattr(kind, attr, ABSENT) is known
+                    except Exception:  # a metaclass's descriptor: user code
+                        stable = False
+                    if site is None or site.ref() is not holder or not stable:
                         entries = None
                         break
-                    entries.append((site, type(holder), _bind_mode(patch, site, holder)))
+                    entries.append((site, kind, known, _bind_mode(patch, site, holder)))
             if entries is not None:
                 reads.extend(traced[1][0])  # type: ignore[index]
                 walks.extend(traced[1][1])  # type: ignore[index]
@@ -289,9 +299,9 @@ class _Plan:
         plan.skipped = tuple((p.name, reason) for p, reason, _e in items if reason is not None)
         planned = all(reason is not None or entries is not None for _p, reason, entries in items)
         flat = [
-            (p, site, cls, mode, site.attr, p.replacement, site.layers)
+            (p, site, cls, known, mode, site.attr, p.replacement, site.layers)
             for p, _r, entries in items
-            for site, cls, mode in entries or ()
+            for site, cls, known, mode in entries or ()
         ]
         plan.flat = tuple(flat) if planned else None
         plan.gen, plan.name, plan.plans, plan.key = gen, name, registry._plans, _plan_key(target, obj)
@@ -330,11 +340,10 @@ class _Plan:
                 else:
                     work.extend((patch, holder, attr) for holder, attr in found)
             else:
-                for site, cls, mode in entries:
-                    holder = site.ref()
-                    if holder is None or type(holder) is not cls:
-                        return None
-                    attr = site.attr
+                for site, cls, known, mode in entries:
+                    holder, attr = site.ref(), site.attr
+                    if type(holder) is not cls or getattr(cls, attr, ABSENT) is not known:  # died, class swapped
+                        return None  # or the class's attribute changed (deleted, replaced)
                     if not mode or attr in holder.__dict__:  # not the clean case: the checks of a first apply
                         _check_patchable(patch, holder, attr)
                     work.append((patch, holder, attr))
@@ -459,10 +468,10 @@ class Registry:
             now = time.time()
             debug = log.isEnabledFor(logging.DEBUG)
             try:
-                for patch, site, cls, mode, attr, replacement, stack in plan.flat:  # type: ignore[union-attr]
+                for patch, site, cls, known, mode, attr, replacement, stack in plan.flat:  # type: ignore[union-attr]
                     holder = site.ref()
-                    if holder is None or type(holder) is not cls:
-                        raise _Stale
+                    if type(holder) is not cls or getattr(cls, attr, ABSENT) is not known:  # died (None), class
+                        raise _Stale  # swapped, or the class's attribute changed (deleted, replaced): resolve again
                     ns = holder.__dict__
                     if mode and not stack and attr not in ns:  # the clean case, checked when planned
                         value = replacement if mode == _PLAIN else _MethodType(replacement, holder)

@@ -263,8 +263,8 @@ class Selector:
         return "nothing matched"
 
 
-#: ``(reads, walks)``: reads are ``(holder ref or None for the previous read's value, name, mapping name
-#: or None, value ref)``; walks are
+#: ``(reads, walks)``: reads are ``(holder ref or None for the previous read's value, holder type, name,
+#: mapping name or None, value ref)``; walks are
 #: ``(container ref, container type, by values, element refs)``.
 Guards = tuple[tuple[tuple[Any, ...], ...], tuple[tuple[Any, ...], ...]]
 
@@ -272,13 +272,14 @@ Guards = tuple[tuple[tuple[Any, ...], ...], tuple[tuple[Any, ...], ...]]
 def guard_check(guards: Guards) -> Callable[[], bool]:
     """A function that is True while every read and walk of a trace would find the same objects again.
 
-    It closes over the guards' weak references only. A walk whose container is the value of the
-    last read takes it from there rather than through its own reference.
+    It closes over the guards' weak references only. Each read's holder must still be of the class
+    it had (a ``__class__ =`` can bring a property or another ``__getattr__``). A walk whose container
+    is the value of the last read takes it from there rather than through its own reference.
     """
     reads, walks = guards
     if not reads and not walks:
         return _always
-    last = reads[-1][3]() if reads else None
+    last = reads[-1][4]() if reads else None
     walks = tuple(
         (None if last is not None and cref() is last else cref, cls, by_values, snapshot)
         for cref, cls, by_values, snapshot in walks
@@ -287,9 +288,9 @@ def guard_check(guards: Guards) -> Callable[[], bool]:
 
     def check() -> bool:
         value: Any = None
-        for href, name, mapping, vref in reads:
+        for href, cls, name, mapping, vref in reads:
             holder = value if href is None else href()
-            if holder is None:
+            if type(holder) is not cls:  # also a dead holder (None)
                 return False
             ns = holder.__dict__
             if mapping is None:
@@ -368,14 +369,18 @@ def _traced_get(holder: Any, name: str, reads: list[tuple[Any, ...]]) -> Any:
     href, vref = _weak(holder), _weak(value)
     if href is None or vref is None:
         return _UNSET
-    if reads and reads[-1][3]() is holder:  # a chain (model.mtp.layers): the holder is the value just read
+    if reads and reads[-1][4]() is holder:  # a chain (model.mtp.layers): the holder is the value just read
         href = None
-    reads.append((href, name, mapping, vref))
+    reads.append((href, cls, name, mapping, vref))
     return value
 
 
 def _traced_select(items: list[Any], index: str, walks: list[tuple[Any, ...]]) -> list[Any] | None:
-    """:func:`_select` over weakly referenceable containers and elements, recording each walk."""
+    """:func:`_select` over weakly referenceable containers and elements, recording each walk.
+
+    Each container is iterated once: the elements selected are the ones its guard recorded.
+    """
+    selected: list[Any] = []
     for value in items:
         if isinstance(value, (list, tuple, str, bytes)):
             return None
@@ -388,7 +393,13 @@ def _traced_select(items: list[Any], index: str, walks: list[tuple[Any, ...]]) -
         if cref is None or None in snapshot:
             return None
         walks.append((cref, type(value), by_values, snapshot))
-    selected = _select(items, index)
+        if index == "*":
+            selected.extend(elements)
+            continue
+        i = int(index)
+        if not -len(elements) <= i < len(elements):
+            return None
+        selected.append(elements[i])
     return selected or None
 
 

@@ -294,3 +294,175 @@ def test_strict_still_raises_on_a_planned_skip(first: str) -> None:
         registry.apply(gated, m)
     with pytest.raises(patchreg.TargetNotFoundError, match="never applies"):
         registry.apply(gated, m, strict=True)
+
+
+def planned_alone(registry: Registry, obj: Any, target: Any) -> None:
+    """Two applies of ``target`` alone (no patch on ``obj`` itself, whose class the plan checks anyway)."""
+    for _ in range(2):
+        registry.revert(registry.apply(target, obj))
+    assert any(p.matches(target, obj) for p in registry._plans.values())
+
+
+@pytest.mark.parametrize("swapped", ["model", "mtp"])
+def test_class_swap_of_an_intermediate_replans(swapped: str) -> None:
+    other = Node("other")
+
+    class ModelSub(Node):
+        mtp = property(lambda self: Node("mtp2", layers=Layers(other)))  # wins over __getattr__'s _children
+
+    class MtpSub(Node):
+        layers = property(lambda self: Layers(other))
+
+    registry, m = Registry("t"), model()
+    planned_alone(registry, m, FORWARD)  # no patch on the model itself: only the guards see the swap
+    old = list(m.mtp.layers)
+    before = [snapshot(o) for o in (*old, other)]
+    if swapped == "model":
+        m.__class__ = ModelSub
+    else:
+        m.mtp.__class__ = MtpSub
+    with registry.patched(FORWARD, m) as report:
+        assert report.installed == 1 and other.forward(1) == "patched"  # type: ignore[comparison-overlap]
+        assert [o.tag for o in old if "forward" in vars(o)] == []
+    assert [snapshot(o) for o in (*old, other)] == before
+
+
+def test_class_swap_of_an_intermediate_module_replans() -> None:
+    nn = pytest.importorskip("torch.nn")
+
+    class Leaf(nn.Module):  # type: ignore[misc,name-defined]
+        def __init__(self, tag: str) -> None:
+            super().__init__()
+            self.tag = tag
+
+        def forward(self, x: int) -> tuple[str, int]:
+            return (self.tag, x)
+
+    class Block(nn.Module):  # type: ignore[misc,name-defined]
+        def __init__(self, *tags: str) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList([Leaf(t) for t in tags])
+
+    other = Block("other0")
+
+    class Root(nn.Module):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.mtp = Block("l0", "l1")
+
+    class RootWithProp(Root):
+        @property
+        def mtp(self) -> Any:  # type: ignore[override]  # a data descriptor: wins over nn.Module._modules
+            return other
+
+    registry, root = Registry("t"), Root()
+    planned_alone(registry, root, FORWARD)
+    old = list(root.mtp.layers)
+    before = [snapshot(o) for o in (*old, *other.layers)]
+    root.__class__ = RootWithProp
+    with registry.patched(FORWARD, root) as report:
+        assert report.installed == 1 and root.mtp.layers[0].forward(0) == "patched"
+        assert [o.tag for o in old if "forward" in vars(o)] == []
+    assert [snapshot(o) for o in (*old, *other.layers)] == before
+    assert root.mtp.layers[0].forward(0) == ("other0", 0)
+
+
+MISSING = Patch("missing", "nothing[*].forward", plain("never"))  # resolved at every apply: no flat plan
+
+
+@pytest.mark.parametrize("target", [FORWARD, PatchSet("with-miss", (FORWARD, MISSING))], ids=["flat", "work"])
+def test_a_method_deleted_from_the_class_is_not_patched(target: Any) -> None:
+    class Leaf:
+        def __init__(self, tag: str) -> None:
+            self.tag = tag
+
+        def forward(self, x: int) -> tuple[str, int]:
+            return (self.tag, x)
+
+    registry, m = Registry("t"), Node("model", mtp=Node("mtp", layers=Layers(Leaf("a"), Leaf("b"))))
+    for _ in range(2):
+        with registry.patched(target, m) as report:
+            assert report.installed == 2
+    (plan,) = registry._plans.values()
+    assert (plan.flat is not None) == (target is FORWARD)
+    leaves = list(m.mtp.layers)
+    before = [snapshot(leaf) for leaf in leaves]
+    del Leaf.forward
+    with registry.patched(target, m) as report:  # as a fresh resolution: nothing to patch
+        assert report.installed == 0
+        assert ("forward", "mtp.layers[0] has no attribute 'forward'") in report.skipped
+        assert [snapshot(leaf) for leaf in leaves] == before
+    assert [snapshot(leaf) for leaf in leaves] == before
+
+
+def test_a_method_replaced_on_the_class_replans() -> None:
+    class Leaf:
+        def __init__(self, tag: str) -> None:
+            self.tag = tag
+
+        def forward(self, x: int) -> tuple[str, int]:
+            return (self.tag, x)
+
+    registry, m = Registry("t"), Node("model", mtp=Node("mtp", layers=Layers(Leaf("a"))))
+    planned_alone(registry, m, FORWARD)
+    (plan,) = registry._plans.values()
+    leaf = next(iter(m.mtp.layers))
+    before = snapshot(leaf)
+    Leaf.forward = staticmethod(plain("static"))  # type: ignore[method-assign]
+    with registry.patched(FORWARD, m):  # the plan's bind mode was worked out for the old attribute
+        assert registry._plans.get(plan.key) is not plan
+        planned_install = vars(leaf)["forward"]
+        assert leaf.forward(1) == "patched"
+    assert snapshot(leaf) == before
+    with Registry("fresh").patched(FORWARD, m):
+        assert type(vars(leaf)["forward"]) is type(planned_install)
+    assert snapshot(leaf) == before and leaf.forward(1) == "static"
+
+
+def test_a_class_attribute_read_anew_each_time_is_resolved_at_every_apply() -> None:
+    class Leaf:
+        @classmethod
+        def forward(cls, x: int) -> tuple[str, int]:  # getattr(Leaf, "forward"): a new bound method each time
+            return (cls.__name__, x)
+
+    registry, leaf = Registry("t"), Leaf()
+    m = Node("model", mtp=Node("mtp", layers=Layers(leaf)))
+    planned_alone(registry, m, FORWARD)
+    (plan,) = registry._plans.values()
+    assert plan.flat is None and plan.items[0][2] is None  # no class value to compare: not planned
+    for _ in range(2):
+        with registry.patched(FORWARD, m) as report:
+            assert report.installed == 1 and leaf.forward(1) == "patched"  # type: ignore[comparison-overlap]
+        assert vars(leaf) == {} and leaf.forward(1) == ("Leaf", 1)
+    del Leaf.forward
+    with registry.patched(FORWARD, m) as report:
+        assert report.installed == 0 and vars(leaf) == {}
+
+
+class Alternating:
+    """A container whose every iteration yields the other of two element lists; it logs what each yielded."""
+
+    def __init__(self, first: Any, second: Any) -> None:
+        self.lists = ([second], [first])
+        self.log: list[Any] = []
+
+    def __iter__(self) -> Any:
+        items = self.lists[len(self.log) % 2]
+        self.log.append(items[0])
+        return iter(items)
+
+
+def test_a_walk_selects_the_elements_its_guard_recorded() -> None:
+    a, b = Node("a"), Node("b")
+    host = Node("host", layers=Alternating(a, b))
+    registry = Registry("t")
+    for _ in range(4):
+        before = len(host.layers.log)
+        with registry.patched(FORWARD_ON_LAYERS, host):
+            patched = [o for o in (a, b) if "forward" in vars(o)]
+            assert len(patched) == 1
+            assert patched[0] in host.layers.log[before:]  # what this apply's own iteration found
+        assert "forward" not in vars(a) and "forward" not in vars(b)
+
+
+FORWARD_ON_LAYERS = Patch("layers", "layers[*].forward", plain("patched"))
