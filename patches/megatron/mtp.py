@@ -241,7 +241,7 @@ class mtp_patched:
         self.registry = registry if registry is not None else patchreg.registry
         self.strict = strict
         self.patch_set = MTP_DETACH_SET if self.detach_encoder else MTP_SET
-        self._entered: list[tuple[int, MTPReport]] = []  # (thread, report) of each enter not yet exited
+        self._entered: dict[int, list[MTPReport]] = {}  # per thread: the reports of its enters not yet exited
 
     def __enter__(self) -> MTPReport:
         models = language_models(self.model)
@@ -250,18 +250,18 @@ class mtp_patched:
         except PatchConflictError as exc:
             raise self._conflict(exc) from exc
         mtp_report = MTPReport(report, self.detach_encoder, models)
-        self._entered.append((_thread(), mtp_report))
+        self._entered.setdefault(_thread(), []).append(mtp_report)  # each thread touches only its own stack
         return mtp_report
 
     def __exit__(self, *exc: object) -> None:
-        entered, thread = self._entered, _thread()
-        i = len(entered) - 1
-        while entered[i][0] != thread:  # the innermost enter of this thread
-            i -= 1
-        mtp_report = entered[i][1]
+        thread = _thread()
+        stack = self._entered[thread]
+        mtp_report = stack[-1]  # the innermost enter of this thread
         self.registry.revert(mtp_report.report)  # if this raises, the entry stays so the exit can be retried
         mtp_report._close()
-        del entered[i]
+        stack.pop()
+        if not stack:
+            del self._entered[thread]
 
     def __call__(self, func: F) -> F:
         @functools.wraps(func)

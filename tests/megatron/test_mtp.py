@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import sys
+import threading
 import weakref
 from typing import Any
 
@@ -284,6 +286,37 @@ def test_decorator_form_patches_only_during_the_call() -> None:
 
     assert step().shape == (2, 8, 64)
     assert not patchreg.registry.is_active("postprocess_detached", model)
+
+
+def test_one_instance_shared_by_threads() -> None:
+    """Threads entering the same mtp_patched instance each exit their own enter; the model ends upstream."""
+    model = build_gpt()
+    before = dict(vars(model))
+    shared = mtp_patched(model, detach_encoder=True)
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for _ in range(300):
+                with shared as report:
+                    assert report.active
+        except BaseException as exc:
+            errors.append(exc)
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    try:
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(switch)
+    assert errors == []
+    assert shared._entered == {}
+    assert not patchreg.registry.is_active("postprocess_detached", model)
+    assert vars(model).keys() == before.keys() and all(vars(model)[k] is v for k, v in before.items())
 
 
 def test_report_prints_installed_and_skipped_with_reasons() -> None:
