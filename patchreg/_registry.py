@@ -12,6 +12,7 @@ import hashlib
 import importlib.metadata
 import itertools
 import logging
+import operator
 import os
 import sys
 import threading
@@ -52,6 +53,7 @@ Target = Patch | PatchSet | Iterable[Patch]
 
 
 _SEQUENCE = itertools.count()
+_seq = operator.attrgetter("seq")
 _Ref = weakref.ReferenceType
 
 
@@ -86,8 +88,9 @@ class _Layer:
 
     def releasable(self, current: Any) -> bool:
         """True when releasing this layer (the top one) restores exactly: ``current`` is what it installed,
-        or the attribute was removed and there was none before (the original state is already there)."""
-        return self.owns(current) or (current is ABSENT and self.original is ABSENT)
+        or the original is already there (someone else put it back or removed the attribute it added, or
+        a write of ours stored and then raised, or raised before storing)."""
+        return self.owns(current) or current is self.original
 
 
 def _weak_or_id(installed: Any) -> Any:
@@ -104,7 +107,7 @@ _new = object.__new__
 class _Site:
     """One attribute on one holder, and the stack of our layers on it (bottom first)."""
 
-    __slots__ = ("attr", "key", "kind", "layers", "ref")
+    __slots__ = ("attr", "covered", "key", "kind", "layers", "ref")
 
     def __init__(self, holder: Any, attr: str, kind: str, on_death: Callable[[Any], None]) -> None:
         self.ref = weakref.ref(holder, on_death)
@@ -112,6 +115,8 @@ class _Site:
         self.kind = kind
         self.key = (identity(holder), attr)
         self.layers: list[_Layer] = []
+        #: our layers that another registry installed over: {our layer: its layer}; None when there are none
+        self.covered: dict[_Layer, _Layer] | None = None
 
     @property
     def label(self) -> str:
@@ -392,6 +397,7 @@ class Registry:
         self._plans: dict[tuple[int, ...], _Plan] = {}
         self._last: _Plan | None = None  # the plan used last: an RL loop re-enters the same block
         self._seen: dict[tuple[int, ...], None] = {}  # (set, object) keys applied once, not yet planned
+        self._checkpoints: list[weakref.ref[Checkpoint]] = []  # live checkpoints record every apply
 
     # -- applying -------------------------------------------------------------------------
 
@@ -419,21 +425,29 @@ class Registry:
                     report = self._apply_planned(plan, strict, warn)
                 else:
                     found = plan.work(self, obj)
-                    report = None if found is None else self._apply_work(plan.name, *found, strict, warn)
+                    report = (
+                        None
+                        if found is None
+                        else self._apply_work(plan.name, *found, strict, warn, patches=[p for p, _r, _e in plan.items])
+                    )
                 if report is not None:
                     self._last = plan
+                    if self._checkpoints:
+                        self._record(report)
                     return report
         name, patches = _patches(target)
         waiting = [p for p in patches if p.is_global and p.where.module not in sys.modules] if lazy else []  # type: ignore[union-attr]
         traces: list[_Trace] | None = [] if not lazy and self._again(key, target, obj) else None
         gen = _generation[0]
         work, skipped = self._plan(tuple(p for p in patches if p not in waiting) if waiting else patches, obj, traces)
-        report = self._apply_work(name, work, skipped, strict, warn, waiting)
+        report = self._apply_work(name, work, skipped, strict, warn, waiting, patches)
         if traces is not None and not report._waiting:
             with _LOCK:
                 self._last = _Plan.remember(self, target, obj, name, traces, gen)
         for pending in report._waiting:
             wrapt.register_post_import_hook(functools.partial(self._fire, pending), pending.module)
+        if self._checkpoints:
+            self._record(report)
         return report
 
     def _again(self, key: tuple[int, ...] | None, target: object, obj: Any) -> bool:
@@ -457,7 +471,7 @@ class Registry:
         if plan.gen != _generation[0] or not plan.holds():
             return None
         if plan.skipped and (strict or warn):
-            self._report_skips(plan.name, list(plan.skipped), strict)
+            self._report_skips(plan.name, list(plan.skipped), strict, [p for p, _r, _e in plan.items])
         report = Report(self, plan.name, plan.skipped)
         layers = report._layers
         installed = 0
@@ -507,9 +521,10 @@ class Registry:
         strict: bool,
         warn: bool,
         waiting: list[Patch] | None = None,
+        patches: Iterable[Patch] = (),
     ) -> Report:
         if skipped and (strict or warn):
-            self._report_skips(name, skipped, strict)
+            self._report_skips(name, skipped, strict, patches)
         report = Report(self, name, tuple(skipped))
         with _LOCK:
             if self._dead:
@@ -543,7 +558,9 @@ class Registry:
                     return
                 self._pending.remove(pending)
                 pending.state = "skipped: " + skipped[0][1] if skipped else "installed"
-                self._take_all(work, pending.report)
+                taken = Report(self, pending.report.name)
+                self._take_all(work, taken)  # a failure releases only what this patch took, not the user's others
+                pending.report._layers.extend(taken._layers)
         except Exception as exc:  # never break the user's import statement
             pending.state = f"failed: {exc}"
             log.error("patchreg: lazy patch %s on import of %s failed: %s", pending.patch.name, pending.module, exc)
@@ -596,7 +613,12 @@ class Registry:
             _check_patchable(patch, holder, attr)
         return found
 
-    def _report_skips(self, name: str, skipped: list[tuple[str, str]], strict: bool) -> None:
+    def _report_skips(self, name: str, skipped: list[tuple[str, str]], strict: bool, patches: Iterable[Patch]) -> None:
+        """Warn about (``strict``: refuse) the skips that matter: not those a predicate marks *not needed* here."""
+        by_name = {p.name: p for p in patches}
+        skipped = [(n, r) for n, r in skipped if n not in by_name or _needed(by_name[n])]
+        if not skipped:
+            return
         for patch_name, reason in skipped:
             log.warning("patchreg: %s.%s skipped: %s", name, patch_name, reason)
         if strict:
@@ -630,17 +652,56 @@ class Registry:
 
     def _install(self, patch: Patch, site: _Site, holder: Any, report: Report, now: float) -> None:
         original = site.current()
+        below = self._foreign_top(site, holder, original)
+        if below is not None and below[2].patch is not patch:  # the same patch stacks, as in one registry
+            _check_compatible(patch, site, below[2].patch, f" (in registry {below[0].name!r})")
         value = _build(patch, site, holder, original)
+        layer = _Layer(patch, site, value, now, original)
+        site.layers.append(layer)  # recorded before the write: if the write raises after storing, a release restores
+        report._layers.append(layer)
         try:
             _write(site, holder, value)
         except (TypeError, AttributeError) as exc:
+            if site.current() is original:  # nothing was stored: forget the layer
+                site.layers.pop()
+                report._layers.pop()
             msg = f"Cannot set {site.label}.{site.attr} for patch {patch.name!r}: {exc}. Patch the code that uses it instead."
             raise UnpatchableTargetError(msg, patch=patch, target=patch.target) from exc
-        layer = _Layer(patch, site, value, now, original)
-        site.layers.append(layer)
-        report._layers.append(layer)
+        stored = site.current()
+        if stored is not value:  # a __setattr__ (a metaclass's, a module's) stored something else
+            _put_back(site, holder, original, raw=True)
+            if site.current() is original:
+                site.layers.pop()
+                report._layers.pop()
+            msg = (
+                f"Cannot patch {site.label}.{site.attr} (patch {patch.name!r}): setting it stored {stored!r} instead "
+                "of the replacement (a custom __setattr__), so patchreg could not tell its install from someone "
+                "else's or restore exactly. Nothing was changed; patch the code that uses it instead."
+            )
+            raise UnpatchableTargetError(msg, patch=patch, target=patch.target)
+        if below is not None:  # the other registry's layer is covered: its revert must wait for ours
+            other_site = below[1]
+            if other_site.covered is None:
+                other_site.covered = {}
+            other_site.covered[below[2]] = layer
         if log.isEnabledFor(logging.DEBUG):
             log.debug("patchreg: installed %s on %s.%s", patch.name, site.label, site.attr)
+
+    def _foreign_top(self, site: _Site, holder: Any, current: Any) -> tuple[Registry, _Site, _Layer] | None:
+        """Another registry's live layer that installed ``current`` on this attribute (the topmost), if any."""
+        if len(_REGISTRIES) < 2:
+            return None
+        found: tuple[Registry, _Site, _Layer] | None = None
+        for registry in list(_REGISTRIES):
+            if registry is self:
+                continue
+            other = registry._sites.get(site.key)
+            if other is None or not other.layers or other.ref() is not holder:
+                continue
+            top = other.layers[-1]
+            if top.count > 0 and top.owns(current) and (found is None or top.seq > found[2].seq):
+                found = (registry, other, top)
+        return found
 
     def _purge(self) -> None:
         if self._dead:
@@ -679,6 +740,7 @@ class Registry:
             for patch, found in hits:
                 for site in self._sites_of(patch, found):
                     report._layers.extend(la for la in site.layers if la.patch is patch and la.count > 0)
+            report._layers.sort(key=_seq)  # released last-installed first, whatever the set's order
             return self._release(report)
 
     @staticmethod
@@ -711,7 +773,7 @@ class Registry:
         for i in range(todo):  # the common case, each layer alone on its site with one user: checked here
             layer = taken[i]
             site = layer.site
-            if layer.count == 1 and len(site.layers) == 1:
+            if layer.count == 1 and len(site.layers) == 1 and site.covered is None:
                 installed = layer.installed
                 if site.kind == "instance" and type(installed) is _Ref:  # layer.owns(site.current()), inline
                     holder, mine = site.ref(), installed()
@@ -746,12 +808,8 @@ class Registry:
         site = layer.site
         holder = site.ref()
         original = layer.original
-        if original is not ABSENT:
-            _write(site, holder, original)
-        elif site.kind == "instance":
-            vars(holder).pop(site.attr, None)  # absent when someone else removed it: nothing to restore
-        elif site.attr in vars(holder):
-            delattr(holder, site.attr)
+        if site.current() is not original:  # already there (put back by someone, or a write that raised): no write
+            _put_back(site, holder, original)
         site.layers.pop()  # after the restore: an interrupt loses nothing
         layer.original = None
         if debug:
@@ -773,25 +831,44 @@ class Registry:
         return restored
 
     def checkpoint(self) -> Checkpoint:
-        """Remember the current users of every install, for :meth:`rollback`."""
+        """Remember this moment, for :meth:`rollback`: every apply from now on is recorded while it lives."""
         with _LOCK:
             self._purge()
             counts = {la: la.count for s in self._sites.values() for la in s.layers}
-            return Checkpoint(self, counts, frozenset(self._pending))
+            checkpoint = Checkpoint(self, counts)
+            self._checkpoints.append(weakref.ref(checkpoint))
+            return checkpoint
+
+    def _record(self, report: Report) -> None:
+        """Note ``report`` in every live checkpoint (an apply made while one exists)."""
+        with _LOCK:
+            live = []
+            for ref in self._checkpoints:
+                checkpoint = ref()
+                if checkpoint is not None:
+                    live.append(ref)
+                    reports = checkpoint.reports
+                    if len(reports) >= 64 and len(reports) & (len(reports) - 1) == 0:  # now and then: drop released
+                        reports[:] = [r for r in reports if not r._released]
+                    reports.append(report)
+            self._checkpoints[:] = live
 
     def rollback(self, checkpoint: Checkpoint) -> int:
-        """Release every user added since ``checkpoint`` (and cancel newer lazy patches); return restores."""
+        """Release every apply made since ``checkpoint`` that is not released yet, last first; return restores.
+
+        All or nothing. Those applies' reports end released (a block exited later releases nothing
+        again), and lazy patches of earlier applies that were installed since stay.
+        """
         if checkpoint.owner is not self:
             msg = f"Checkpoint came from registry {checkpoint.owner.name!r}; roll back there."
             raise PatchDefinitionError(msg)
-        report = Report(self, "rollback")
         with _LOCK:
             self._purge()
-            self._cancel(p for p in self._pending if p not in checkpoint.pending)
-            for site in self._sites.values():
-                for layer in site.layers:  # bottom first: the release runs top first
-                    report._layers.extend([layer] * (layer.count - checkpoint.counts.get(layer, 0)))
-            return self._release(report)
+            reports = [r for r in reversed(checkpoint.reports) if not r._released]
+            _check_release([la for r in reports for la in reversed(r._layers[: len(r._layers) - r._done])])
+            restored = sum(self._release(r) for r in reports)
+            checkpoint.reports.clear()
+            return restored
 
     def patched(self, target: Target, obj: Any = None, *, strict: bool = False) -> Patched:
         """A context manager (and decorator) that applies on entry and reverts on exit."""
@@ -918,6 +995,12 @@ def _originals(patch: Patch) -> list[tuple[Any, Any]]:
 _records._originals = _originals
 
 
+def _needed(patch: Patch) -> bool:
+    """Whether a skip of ``patch`` matters: a target that was not found, or a predicate that is not "not needed"."""
+    answer = patch.when.evaluate()  # cached
+    return answer.ok or answer.needed
+
+
 def _version(name: str) -> str:
     try:
         return importlib.metadata.version(name)
@@ -931,14 +1014,14 @@ def answer_reason(patch: Patch) -> str:
 
 
 class Checkpoint:
-    """The users of every install at one moment (see :meth:`Registry.checkpoint`)."""
+    """One moment of a registry (see :meth:`Registry.checkpoint`): the applies made since, while it lives."""
 
-    __slots__ = ("counts", "owner", "pending")
+    __slots__ = ("__weakref__", "counts", "owner", "reports")
 
-    def __init__(self, owner: Registry, counts: dict[_Layer, int], pending: frozenset[_Pending]) -> None:
+    def __init__(self, owner: Registry, counts: dict[_Layer, int]) -> None:
         self.owner = owner
-        self.counts = counts
-        self.pending = pending
+        self.counts = counts  # users per install at the checkpoint (its repr)
+        self.reports: list[Report] = []  # the applies made since, in order
 
     def __repr__(self) -> str:
         return f"<Checkpoint of {len(self.counts)} install(s) in {self.owner.name!r}>"
@@ -1056,17 +1139,23 @@ def _callable_raw(raw: Any) -> bool:
     return callable(raw) or isinstance(raw, (staticmethod, classmethod))
 
 
-def _check_compatible(patch: Patch, site: _Site) -> None:
-    """Two replaces on one attribute conflict; a replace over wraps would discard them."""
-    if patch.kind == "wrap" or not site.layers:
+def _check_compatible(patch: Patch, site: _Site, other: Patch | None = None, where: str = "") -> None:
+    """Two replaces on one attribute conflict; a replace over wraps would discard them.
+
+    ``other`` is the patch on top (default: this registry's top layer on ``site``); ``where`` names its registry.
+    """
+    if patch.kind == "wrap":
         return
-    other = site.layers[-1].patch
+    if other is None:
+        if not site.layers:
+            return
+        other = site.layers[-1].patch
     if other.kind == "replace":
         what = f"also replaces {site.label}.{site.attr}"
     else:
         what = f"wraps {site.label}.{site.attr}, and a replace installed over it would discard that wrapper"
     msg = (
-        f"Patch {patch.name!r} replaces {site.label}.{site.attr}, but patch {other.name!r} {what}; "
+        f"Patch {patch.name!r} replaces {site.label}.{site.attr}, but patch {other.name!r}{where} {what}; "
         "revert one of them first, or make one a kind='wrap' patch (wraps stack)."
     )
     raise PatchConflictError(msg, patch=patch, target=patch.target)
@@ -1081,6 +1170,19 @@ def _check_release(layers: list[_Layer]) -> None:
         if left > 0:
             continue
         site = layer.site
+        covered = site.covered
+        if covered is not None and layer in covered:
+            upper = covered[layer]
+            if upper.count > 0 and upper.site.ref() is not None:
+                msg = (
+                    f"Cannot revert patch {layer.patch.name!r} on {site.label}.{site.attr}: patch "
+                    f"{upper.patch.name!r} was installed over it through another registry; revert that one first "
+                    "(reverse order of applying). Nothing was changed."
+                )
+                raise PatchOwnershipError(msg, patch=layer.patch, target=layer.patch.target)
+            del covered[layer]  # that layer is gone: forget it
+            if not covered:
+                site.covered = None
         stack = tops.get(site)
         if stack is None:
             stack = tops[site] = site.layers[:]
@@ -1154,4 +1256,25 @@ def _write(site: _Site, holder: Any, value: Any) -> None:
     if site.kind == "instance":
         vars(holder)[site.attr] = value
     else:
+        if site.kind == "class":
+            _VERIFIED.clear()  # a class (or a base) changed: what instances of it may take is checked again
         setattr(holder, site.attr, value)
+
+
+def _put_back(site: _Site, holder: Any, original: Any, *, raw: bool = False) -> None:
+    """Write ``original`` back (``ABSENT``: remove the attribute, if it is there).
+
+    ``raw``: past any ``__setattr__``/``__delattr__`` of a metaclass or module class (to undo a write one changed).
+    """
+    kind, attr = site.kind, site.attr
+    if kind == "class":
+        _VERIFIED.clear()  # a class (or a base) changed: what instances of it may take is checked again
+    if kind == "instance" or (raw and kind == "module"):
+        if original is ABSENT:
+            vars(holder).pop(attr, None)
+        else:
+            vars(holder)[attr] = original
+    elif original is not ABSENT:
+        (type.__setattr__ if raw else setattr)(holder, attr, original)
+    elif attr in vars(holder):
+        (type.__delattr__ if raw else delattr)(holder, attr)

@@ -158,9 +158,6 @@ FINDINGS = """\
 - **Reference-counted sharing can make individual releases impossible.** Two applies can each hold a
   layer that the other's layer sits on (sharing a patch installed by a third, since-released apply);
   both reverts are refused (nothing changes) and `revert_all()` restores everything.
-- **Patches across registries are judged by identity.** If two registries install the *same
-  replacement object* on one attribute through *different* `Patch` records, the lower one's revert
-  cannot see that it was covered. Use one registry per process (the default) or distinct replacements.
 """
 
 

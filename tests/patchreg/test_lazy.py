@@ -93,3 +93,34 @@ def test_block_exit_before_import_cancels(patch_registry: Registry, late_module:
     patch_registry.revert_all()
     assert report.pending == ()
     assert importlib.import_module(name).greet() == "hello"
+
+
+def test_failed_lazy_install_releases_only_itself(
+    patch_registry: Registry, late_module: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A lazy patch that fails at import (a conflict) is marked failed; the set's other installs stay."""
+    eager, late = late_module(), late_module()
+    first = importlib.import_module(eager)
+    patch_registry.apply(Patch("other", f"{late}:greet", plain("other")), lazy=True)
+    report = patch_registry.apply(
+        PatchSet("s", [Patch("a", f"{eager}:greet", plain("a")), Patch("b", f"{late}:greet", plain("b"))]), lazy=True
+    )
+    module = importlib.import_module(late)  # 'other' installs first, then 'b' conflicts with it
+    assert "lazy patch b" in caplog.text and "failed" in caplog.text
+    assert first.greet() == "a" and module.greet() == "other"
+    assert not report.reverted and report.held == 1
+    assert patch_registry.revert(report) == 1
+    assert first.greet() == "hello"
+    patch_registry.revert_all()
+
+
+def test_rollback_keeps_a_lazy_patch_applied_before_the_checkpoint(patch_registry: Registry, late_module: Any) -> None:
+    """A lazy patch applied before a checkpoint and installed after it is not rolled back."""
+    name = late_module()
+    report = patch_registry.apply(Patch("greet", f"{name}:greet", plain("patched")), lazy=True)
+    checkpoint = patch_registry.checkpoint()
+    module = importlib.import_module(name)
+    assert patch_registry.rollback(checkpoint) == 0
+    assert module.greet() == "patched" and report.held == 1
+    assert patch_registry.revert(report) == 1
+    assert module.greet() == "hello"

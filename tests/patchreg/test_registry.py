@@ -23,6 +23,7 @@ from patchreg import (
     TargetNotFoundError,
     UnpatchableTargetError,
     check,
+    not_needed_when,
     requires,
 )
 from tests.patchreg import sample
@@ -623,4 +624,172 @@ def test_checkpoint_and_rollback(patch_registry: Registry, pristine: Any) -> Non
     with pytest.raises(Exception, match="roll back there"):
         Registry("other").rollback(checkpoint)
     patch_registry.revert(r)
+    pristine()
+
+
+# -- two registries on one attribute ---------------------------------------------------------
+
+
+def test_same_patch_in_two_registries_unwinds_top_first(patch_registry: Registry, pristine: Any) -> None:
+    """The same replace patch applied by two registries stacks; the lower revert waits for the upper."""
+    p = Patch("p", f"{M}:Child.method", plain("p"))
+    other = Registry("other")
+    lower = patch_registry.apply(p)
+    upper = other.apply(p)
+    with pytest.raises(PatchOwnershipError, match="through another registry; revert that one first") as info:
+        patch_registry.revert(lower)
+    assert "'p'" in str(info.value)
+    assert [e.count for e in other.active()] == [1] and [e.count for e in patch_registry.active()] == [1]
+    with pytest.raises(PatchOwnershipError):
+        patch_registry.revert_all()
+    assert sample.Child().method() == "p"
+    assert other.revert(upper) == 1
+    assert sample.Child().method() == "p"  # the lower install is back on top
+    assert patch_registry.revert(lower) == 1
+    pristine()
+
+
+def test_interleaved_registries_refuse_to_release_under_a_foreign_layer(
+    patch_registry: Registry, pristine: Any
+) -> None:
+    """A wraps, B wraps over it, A wraps again: A cannot release both of its layers (B's is between)."""
+    w1 = Patch("w1", f"{M}:module_func", tagging_wrapper("w1"), kind="wrap")
+    w2 = Patch("w2", f"{M}:module_func", tagging_wrapper("w2"), kind="wrap")
+    wb = Patch("wb", f"{M}:module_func", tagging_wrapper("wb"), kind="wrap")
+    other = Registry("other")
+    checkpoint = patch_registry.checkpoint()
+    patch_registry.apply(w1)
+    report_b = other.apply(wb)
+    report_2 = patch_registry.apply(w2)
+    stacked = vars(sample)["module_func"]
+    for release in (
+        lambda: patch_registry.rollback(checkpoint),
+        lambda: patch_registry.revert(PatchSet("s", [w1, w2])),
+    ):
+        with pytest.raises(PatchOwnershipError, match="wb"):
+            release()
+        assert vars(sample)["module_func"] is stacked  # nothing changed
+    with pytest.raises(PatchOwnershipError):
+        other.revert(report_b)  # w2 is over it
+    assert patch_registry.revert(report_2) == 1
+    assert other.revert(report_b) == 1
+    assert patch_registry.rollback(checkpoint) == 1
+    pristine()
+
+
+@pytest.mark.parametrize("kind", ["replace", "wrap"])
+def test_replace_over_another_registrys_patch_conflicts(patch_registry: Registry, pristine: Any, kind: str) -> None:
+    """A replace over another registry's install conflicts as in one registry; nothing is installed."""
+    below = Patch(
+        "below", f"{M}:Child.method", plain("below") if kind == "replace" else tagging_wrapper("w"), kind=kind
+    )  # type: ignore[arg-type]
+    other = Registry("other")
+    with other.patched(below):
+        with pytest.raises(PatchConflictError, match="patch 'below' \\(in registry 'other'\\)"):
+            patch_registry.apply(Patch("top", f"{M}:Child.method", plain("top")))
+        assert patch_registry.active() == ()
+        with patch_registry.patched(Patch("wrap", f"{M}:Child.method", tagging_wrapper("t"), kind="wrap")):
+            pass  # a wrap stacks over it
+    pristine()
+
+
+# -- checkpoints ----------------------------------------------------------------------------------
+
+
+def test_rollback_marks_the_applies_since_released(patch_registry: Registry, pristine: Any) -> None:
+    """A block rolled back from inside exits without releasing the outer block's user."""
+    p = Patch("p", f"{M}:Child.method", plain("p"))
+    with patch_registry.patched(p):
+        checkpoint = patch_registry.checkpoint()
+        with patch_registry.patched(p) as inner:
+            assert patch_registry.rollback(checkpoint) == 0
+            assert inner.reverted and inner.held == 0
+        assert sample.Child().method() == "p"  # the outer user still holds it
+        assert [e.count for e in patch_registry.active()] == [1]
+    pristine()
+
+
+def test_rollback_is_all_or_nothing_across_applies(patch_registry: Registry, pristine: Any) -> None:
+    """One apply since the checkpoint that cannot be released leaves every other one in place."""
+    f = Patch("f", f"{M}:module_func", plain("f"))
+    m = Patch("m", f"{M}:Child.method", plain("m"))
+    checkpoint = patch_registry.checkpoint()
+    patch_registry.apply(f)
+    patch_registry.apply(m)
+    with unittest.mock.patch.object(sample, "module_func", plain("mock")):
+        with pytest.raises(PatchOwnershipError):
+            patch_registry.rollback(checkpoint)
+        assert sample.Child().method() == "m"
+    assert patch_registry.rollback(checkpoint) == 2
+    pristine()
+
+
+def test_revert_of_a_set_releases_in_install_order(patch_registry: Registry, pristine: Any) -> None:
+    """revert(set) unwinds the last-installed layer first, whatever order the set lists them in."""
+    w1 = Patch("w1", f"{M}:module_func", tagging_wrapper("w1"), kind="wrap")
+    w2 = Patch("w2", f"{M}:module_func", tagging_wrapper("w2"), kind="wrap")
+    patch_registry.apply(w2)
+    patch_registry.apply(w1)
+    assert patch_registry.revert(PatchSet("s", [w1, w2])) == 2
+    pristine()
+
+
+# -- namespaces that do not store what was set ----------------------------------------------
+
+
+def test_metaclass_setattr_that_changes_the_value_is_refused(patch_registry: Registry) -> None:
+    """A class whose metaclass stores something else than what is set: refused, original kept, nothing recorded."""
+
+    class Meta(type):
+        def __setattr__(cls, name: str, value: Any) -> None:
+            if callable(value) and not isinstance(value, type):
+                inner = value
+                value = functools.wraps(inner)(lambda *a, **k: inner(*a, **k))
+            super().__setattr__(name, value)
+
+    class Odd(metaclass=Meta):
+        def f(self) -> str:
+            return "f"
+
+    original = vars(Odd)["f"]
+    sample.Odd = Odd  # type: ignore[attr-defined]
+    try:
+        with pytest.raises(UnpatchableTargetError, match=r"stored .* instead of the replacement"):
+            patch_registry.apply(Patch("p", f"{M}:Odd.f", plain("p")))
+        assert vars(Odd)["f"] is original
+        assert patch_registry.active() == ()
+    finally:
+        del sample.Odd  # type: ignore[attr-defined]
+
+
+def test_class_patch_rechecks_what_instances_may_take(patch_registry: Registry, pristine: Any) -> None:
+    """After a class patch turns a method into a property, an instance patch of it is refused (not cached)."""
+    leaf = sample.Child()
+    with patch_registry.patched(Patch("i", "method", plain("i")), leaf):
+        pass  # verified: Child.method is a plain method
+    prop = Patch("prop", f"{M}:Child.method", property(lambda self: "prop"))
+    with patch_registry.patched(prop), pytest.raises(UnpatchableTargetError, match="data descriptor"):
+        patch_registry.apply(Patch("i2", "method", plain("i")), sample.Child())
+    pristine()
+
+
+@pytest.mark.parametrize("planned", [False, True])
+def test_strict_refuses_only_skips_that_matter(
+    patch_registry: Registry, pristine: Any, caplog: pytest.LogCaptureFixture, planned: bool
+) -> None:
+    """strict=True (and warn=True) pass over a skip marked "not needed here"; a needed skip still refuses."""
+    fixed = Patch("fixed", "method", plain("x"), when=not_needed_when(requires("attrs>=1")))
+    wanted = Patch("wanted", "forward", plain("y"))
+    missing = Patch("missing", "forward", plain("z"), when=check(lambda: (False, "no accelerator"), "accelerator"))
+    leaf = sample.Leaf()
+    fine = PatchSet("fine", [fixed, wanted])
+    for _ in range(2 if planned else 1):  # the second apply of a set on an object runs its plan
+        with patch_registry.patched(fine, leaf, strict=True) as report:
+            assert [name for name, _reason in report.skipped] == ["fixed"]
+        patch_registry.revert(patch_registry.apply(fine, leaf, warn=True))
+    assert "skipped" not in caplog.text
+    with pytest.raises(TargetNotFoundError, match="missing: no accelerator"):
+        patch_registry.apply(PatchSet("bad", [fixed, missing]), leaf, strict=True)
+    assert patch_registry.active() == ()
+    assert set(vars(leaf)) == {"tag"}
     pristine()

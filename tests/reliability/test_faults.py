@@ -158,18 +158,33 @@ class _Meta(type):
 
     fail_on: str | None = None
     exc: type[BaseException] = KeyboardInterrupt
+    after: bool = False  # raise after the write took effect (an interrupt just past the store)
 
     def __setattr__(cls, name: str, value: Any) -> None:
         if name == _Meta.fail_on:
             _Meta.fail_on = None
+            if _Meta.after:
+                super().__setattr__(name, value)
             raise _Meta.exc(f"interrupted while setting {name}")
         super().__setattr__(name, value)
 
     def __delattr__(cls, name: str) -> None:
         if name == _Meta.fail_on:
             _Meta.fail_on = None
+            if _Meta.after:
+                super().__delattr__(name)
             raise _Meta.exc(f"interrupted while deleting {name}")
         super().__delattr__(name)
+
+
+@pytest.fixture(params=[False, True], ids=["before-the-store", "after-the-store"])
+def after(request: Any) -> Iterator[bool]:
+    """Whether a failing write raises before or after it took effect."""
+    _Meta.after = request.param
+    try:
+        yield request.param
+    finally:
+        _Meta.after, _Meta.fail_on = False, None
 
 
 class Guarded(targets.Base, metaclass=_Meta):
@@ -197,7 +212,9 @@ def _guarded_set() -> PatchSet:
 
 
 @pytest.mark.parametrize("exc", [KeyboardInterrupt, RuntimeError])
-def test_interrupt_between_two_installs_of_a_set(patch_registry: Registry, exc: type[BaseException]) -> None:
+def test_interrupt_between_two_installs_of_a_set(
+    patch_registry: Registry, exc: type[BaseException], after: bool
+) -> None:
     """An interrupt at the second install of a set leaves the first install rolled back and nothing recorded."""
     before = dict(vars(Guarded))
     patches = _guarded_set()
@@ -210,7 +227,9 @@ def test_interrupt_between_two_installs_of_a_set(patch_registry: Registry, exc: 
 
 
 @pytest.mark.parametrize(("attr", "exc"), [("first", KeyboardInterrupt), ("inherited", RuntimeError)])
-def test_interrupt_while_restoring_loses_nothing(patch_registry: Registry, attr: str, exc: type[BaseException]) -> None:
+def test_interrupt_while_restoring_loses_nothing(
+    patch_registry: Registry, attr: str, exc: type[BaseException], after: bool
+) -> None:
     """An interrupt while an original is being written back keeps the patch recorded so a retry restores it."""
     before = dict(vars(Guarded))
     patches = _guarded_set()
@@ -228,7 +247,7 @@ def test_interrupt_while_restoring_loses_nothing(patch_registry: Registry, attr:
     assert dict(vars(Guarded)) == before
 
 
-def test_interrupt_while_rolling_back_a_shared_install(patch_registry: Registry) -> None:
+def test_interrupt_while_rolling_back_a_shared_install(patch_registry: Registry, after: bool) -> None:
     """A failed restore does not release another apply's reference to a shared install twice."""
     before = dict(vars(Guarded))
     patches = _guarded_set()

@@ -97,7 +97,9 @@ def test_foreign_reverted_after_us(
     report = patch_registry.apply(patch, obj)
     undo = FOREIGN[foreign](holder, attr)
     foreign_value = vars(holder)[attr]
-    with pytest.raises(PatchOwnershipError, match="someone patched over it") as info:
+    with pytest.raises(
+        PatchOwnershipError, match=r"someone patched over it|installed over it through another registry"
+    ) as info:
         patch_registry.revert(report)
     assert "ours" in str(info.value) and attr in str(info.value)
     assert vars(holder)[attr] is foreign_value, "our failed revert changed the attribute"
