@@ -865,7 +865,14 @@ class Registry:
         with _LOCK:
             self._purge()
             reports = [r for r in reversed(checkpoint.reports) if not r._released]
-            _check_release([la for r in reports for la in reversed(r._layers[: len(r._layers) - r._done])])
+            _check_release(
+                [
+                    la
+                    for r in reports
+                    for la in reversed(r._layers[: len(r._layers) - r._done])
+                    if la.count > 0 and la.site.ref() is not None  # as _release checks them
+                ]
+            )
             restored = sum(self._release(r) for r in reports)
             checkpoint.reports.clear()
             return restored

@@ -793,3 +793,18 @@ def test_strict_refuses_only_skips_that_matter(
     assert patch_registry.active() == ()
     assert set(vars(leaf)) == {"tag"}
     pristine()
+
+
+def test_rollback_after_a_revert_by_target_and_a_dead_holder(patch_registry: Registry, pristine: Any) -> None:
+    """Applies since the checkpoint already released by target, or whose object died, roll back as nothing."""
+    p = Patch("p", f"{M}:Child.method", plain("p"))
+    leaf = sample.Leaf()
+    checkpoint = patch_registry.checkpoint()
+    patch_registry.apply(p)
+    patch_registry.apply(Patch("f", "forward", plain("f")), leaf)
+    assert patch_registry.revert(p) == 1
+    del leaf
+    gc.collect()
+    assert patch_registry.rollback(checkpoint) == 0
+    assert patch_registry.active() == ()
+    pristine()
