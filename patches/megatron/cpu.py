@@ -9,6 +9,9 @@ module-level patches, each gated per release:
 - ``rng_tracker_add`` / ``rng_tracker_fork``: ``CudaRNGStatesTracker`` seeding and forking on the CPU
 - ``tp_gather_on_cpu``: the tensor-parallel all-gather along the last dimension into CPU buffers (gloo)
 - ``mtp_tracker_device`` / ``mtp_metrics_device``: the MTP loss tracker allocated on the loss's device
+  (``save_loss_to_tracker`` on 0.14-0.18, ``save_metrics_to_tracker`` from 0.19; each is "not needed" on the
+  releases where the other one logs the MTP loss, and ``mtp_tracker_device`` on 0.13, which allocates on the loss's
+  device already)
 
 Usage: ``with cpu_patched(), mtp_patched(model): ...``.
 """
@@ -22,7 +25,7 @@ from typing import Any
 
 import patchreg
 from patches.megatron._compat import MTP, RANDOM, upstream
-from patchreg import Patch, PatchSet, has, requires
+from patchreg import Patch, PatchSet, check, has, not_needed_when, requires
 
 __all__ = ["CPU_SET", "cpu_patched"]
 
@@ -116,6 +119,33 @@ def _seed_tracker(keys: tuple[str, ...]) -> Any:
     return seed
 
 
+def _loss_tracker_not_needed() -> tuple[bool, str]:
+    """Whether ``save_loss_to_tracker`` needs no CPU shim: 0.13 allocates on the loss's device, 0.19 removed it."""
+    if not has(f"{_HELPER}.save_loss_to_tracker").evaluate().ok:
+        if has(f"{_HELPER}.save_metrics_to_tracker").evaluate().ok:
+            return True, (
+                "MTPLossLoggingHelper.save_loss_to_tracker is gone (megatron-core 0.19); the MTP loss is logged by "
+                "save_metrics_to_tracker, which mtp_metrics_device puts on the loss's device"
+            )
+        return False, "MTPLossLoggingHelper has neither save_loss_to_tracker nor save_metrics_to_tracker"
+    old = requires("megatron-core<0.14").evaluate()
+    if old.ok:
+        return True, f"{old.reason}, whose save_loss_to_tracker allocates the MTP tracker on the loss's device"
+    return False, "MTPLossLoggingHelper.save_loss_to_tracker allocates the MTP tracker with CUDA (0.14-0.18)"
+
+
+def _metrics_tracker_not_needed() -> tuple[bool, str]:
+    """Whether ``save_metrics_to_tracker`` needs no CPU shim: before 0.19 it does not exist and the loss goes elsewhere."""
+    if has(f"{_HELPER}.save_metrics_to_tracker").evaluate().ok:
+        return False, "MTPLossLoggingHelper.save_metrics_to_tracker allocates the MTP tracker with CUDA (0.19)"
+    if has(f"{_HELPER}.save_loss_to_tracker").evaluate().ok:
+        return True, (
+            "MTPLossLoggingHelper.save_metrics_to_tracker does not exist before megatron-core 0.19; the MTP loss is "
+            "logged by save_loss_to_tracker (mtp_tracker_device)"
+        )
+    return False, "MTPLossLoggingHelper has neither save_metrics_to_tracker nor save_loss_to_tracker"
+
+
 CPU_SET = PatchSet(
     "megatron-cpu",
     (
@@ -128,10 +158,12 @@ CPU_SET = PatchSet(
         Patch("tp_gather_on_cpu", f"{_MAPPINGS}:_gather_along_last_dim", _gather_along_last_dim,
               when=has(f"{_MAPPINGS}:_gather_along_last_dim")),
         Patch("mtp_tracker_device", f"{_HELPER}.save_loss_to_tracker", _seed_tracker(("values",)), kind="wrap",
-              when=requires("megatron-core>=0.14") & has(f"{_HELPER}.save_loss_to_tracker")),
+              when=not_needed_when(check(_loss_tracker_not_needed, "save_loss_to_tracker needs no CPU shim"))
+              & has(f"{_HELPER}.save_loss_to_tracker")),
         Patch("mtp_metrics_device", f"{_HELPER}.save_metrics_to_tracker",
               _seed_tracker(("loss_values", "correct_values", "total_values")), kind="wrap",
-              when=has(f"{_HELPER}.save_metrics_to_tracker")),
+              when=not_needed_when(check(_metrics_tracker_not_needed, "save_metrics_to_tracker needs no CPU shim"))
+              & has(f"{_HELPER}.save_metrics_to_tracker")),
     ),
     doc="CPU-only shims so tiny Megatron-Core models run forward and backward without CUDA",
 )  # fmt: skip

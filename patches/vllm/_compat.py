@@ -11,20 +11,32 @@ Facts checked against the vLLM wheels on PyPI (0.9.2 to 0.34.0):
   ``per_request_spec_decode_metrics``) exist from 0.29.0.
 - 0.29.0 to 0.31.x drop ``spec_decode_metrics`` when ``RequestOutput.add``
   merges DELTA outputs (``aggregate=True``); 0.32.0 carries it over.
+- ``SpeculativeConfig`` keeps a ``tensor_parallel_size`` field only so that its
+  validator can reject every value of it ("Please pass
+  'draft_tensor_parallel_size' instead"); :func:`rejected_speculative_keys`
+  reads such fields from the installed release's validators.
 
-Nothing here imports vLLM at module import time.
+Nothing here imports vLLM at module import time. The cached look-ups are
+cleared by ``patchreg.refresh()`` (after installing or upgrading vLLM).
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
 import importlib.metadata
 import importlib.util
+import inspect
 import logging
+import re
+import textwrap
 import typing
+from collections.abc import Mapping
+from typing import NamedTuple
 
 from patchreg import Predicate, has, requires
+from patchreg._predicates import on_refresh
 
 __all__ = [
     "BUILTIN_MTP_METHODS",
@@ -33,7 +45,9 @@ __all__ = [
     "HAS_PER_REQUEST_METRICS",
     "LOSES_METRICS_ON_DELTA_MERGE",
     "VLLM_INSTALLED",
+    "RejectedKey",
     "mtp_method_names",
+    "rejected_speculative_keys",
     "speculative_config_keys",
     "vllm_version",
 ]
@@ -128,3 +142,93 @@ def speculative_config_keys() -> frozenset[str] | None:
     from vllm.config import SpeculativeConfig
 
     return frozenset(f.name for f in dataclasses.fields(SpeculativeConfig) if f.init)
+
+
+class RejectedKey(NamedTuple):
+    """A ``SpeculativeConfig`` field that vLLM's validators reject whatever its (non-None) value."""
+
+    replacement: str | None
+    """The key vLLM's message says to pass instead, when it names one that ``SpeculativeConfig`` takes."""
+    message: str
+    """vLLM's own error message."""
+
+
+KNOWN_REJECTED_KEYS: Mapping[str, RejectedKey] = {
+    "tensor_parallel_size": RejectedKey(
+        "draft_tensor_parallel_size",
+        "'tensor_parallel_size' is not a valid argument in the speculative_config. "
+        "Please pass 'draft_tensor_parallel_size' instead.",
+    ),
+}
+"""What vLLM 0.9.2-0.34.0 always reject; used only when the installed vLLM's source cannot be read."""
+
+_VALIDATORS = ("__post_init__", "_verify_args")
+_INSTEAD = re.compile(r"(?:pass|use)\s+['\"`]?(\w+)['\"`]?\s+instead", re.IGNORECASE)
+
+
+@functools.cache
+def rejected_speculative_keys() -> Mapping[str, RejectedKey]:
+    """``SpeculativeConfig`` fields the installed vLLM rejects for any non-None value; empty without vLLM.
+
+    Read from the installed ``SpeculativeConfig``'s ``__post_init__`` and
+    ``_verify_args``: each top-level ``if self.<field> is not None: raise ...``
+    (no other condition) marks ``<field>`` as always rejected, with vLLM's
+    message. Where the source cannot be read, :data:`KNOWN_REJECTED_KEYS`
+    restricted to the fields the installed class has.
+    """
+    keys = speculative_config_keys()
+    if keys is None:
+        return {}
+    from vllm.config import SpeculativeConfig
+
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(SpeculativeConfig)))
+    except (OSError, TypeError, SyntaxError) as exc:
+        logger.debug("Cannot read vLLM SpeculativeConfig's source (%s); using the known rejected keys.", exc)
+        return {k: v for k, v in KNOWN_REJECTED_KEYS.items() if k in keys}
+    found: dict[str, RejectedKey] = {}
+    for func in _validator_functions(tree, SpeculativeConfig.__name__):
+        for stmt in func.body:
+            hit = _unconditional_rejection(stmt)
+            if hit is not None and hit[0] in keys:
+                replacement = _INSTEAD.search(hit[1])
+                name = replacement.group(1) if replacement and replacement.group(1) in keys else None
+                found[hit[0]] = RejectedKey(name, hit[1])
+    return found
+
+
+def _validator_functions(tree: ast.Module, class_name: str) -> list[ast.FunctionDef]:
+    classes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name]
+    return [n for c in classes for n in c.body if isinstance(n, ast.FunctionDef) and n.name in _VALIDATORS]
+
+
+def _unconditional_rejection(stmt: ast.stmt) -> tuple[str, str] | None:
+    """``(field, message)`` for ``if self.<field> is not None: raise E("...")``, else None."""
+    if not (isinstance(stmt, ast.If) and stmt.body and isinstance(stmt.body[0], ast.Raise)):
+        return None
+    test = stmt.test
+    if not (
+        isinstance(test, ast.Compare)
+        and len(test.ops) == 1
+        and isinstance(test.ops[0], ast.IsNot)
+        and isinstance(test.comparators[0], ast.Constant)
+        and test.comparators[0].value is None
+        and isinstance(test.left, ast.Attribute)
+        and isinstance(test.left.value, ast.Name)
+        and test.left.value.id == "self"
+    ):
+        return None
+    exc = stmt.body[0].exc
+    args = exc.args if isinstance(exc, ast.Call) else []
+    message = args[0].value if args and isinstance(args[0], ast.Constant) and isinstance(args[0].value, str) else ""
+    return test.left.attr, message or f"{test.left.attr!r} is not accepted"
+
+
+def _clear_caches() -> None:
+    """Forget the cached answers about the installed vLLM (registered with ``patchreg.refresh()``)."""
+    mtp_method_names.cache_clear()
+    speculative_config_keys.cache_clear()
+    rejected_speculative_keys.cache_clear()
+
+
+on_refresh(_clear_caches)

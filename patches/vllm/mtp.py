@@ -28,6 +28,7 @@ from patches.vllm._compat import (
     LOSES_METRICS_ON_DELTA_MERGE,
     VLLM_INSTALLED,
     mtp_method_names,
+    rejected_speculative_keys,
     speculative_config_keys,
     vllm_version,
 )
@@ -214,7 +215,16 @@ def _check_keys(overrides: Mapping[str, Any], setting: str) -> None:
     known = speculative_config_keys()
     if known is None:
         return
+    rejected = rejected_speculative_keys()
     for key in overrides:
+        if key in rejected:
+            instead = rejected[key].replacement
+            use = f": set {instead!r} instead" if instead else ""
+            msg = (
+                f"{setting} has {key!r}, which vLLM {vllm_version()} SpeculativeConfig rejects whatever "
+                f"its value{use} (vLLM: {rejected[key].message})"
+            )
+            raise ValueError(msg)
         if key not in known:
             hint = difflib.get_close_matches(key, sorted(known), n=1)
             suggestion = f" Did you mean {hint[0]!r}?" if hint else ""
@@ -335,10 +345,14 @@ def _missing_message() -> str:
 def spec_decode_stats(request_output: Any) -> SpecDecodeStats | None:
     """Read the acceptance stats of one ``vllm.RequestOutput``, or None when vLLM recorded none.
 
-    Sums ``outputs[i].spec_decode_metrics`` over the request's completions; the
-    verify steps and accepted tokens come from the acceptance histogram (or,
-    lacking one, the per-step arrays of the ``detailed`` level). vLLM attaches
-    them to the final output only, so an unfinished request gives None quietly.
+    Sums ``outputs[i].spec_decode_metrics`` over the request's finished
+    completions; the verify steps and accepted tokens come from the acceptance
+    histogram (or, lacking one, the per-step arrays of the ``detailed`` level).
+    vLLM attaches them to each completion's final output only, so an output
+    with no finished completion gives None quietly. A streamed request with
+    ``n > 1`` sends each child's final completion in its own output (only the
+    last has ``finished=True``): each such output gives that child's stats, so
+    call this on every streamed output that has a finished completion.
     When a finished completion has none, the engine is not recording them:
     warns once per process (naming ``per_request_spec_decode_metrics``) and
     returns None. Never raises on a missing attribute; a list of outputs is a
@@ -350,15 +364,17 @@ def spec_decode_stats(request_output: Any) -> SpecDecodeStats | None:
             f"{type(request_output).__name__}; for a batch use [spec_decode_stats(o) for o in outputs]."
         )
         raise TypeError(msg)
-    if getattr(request_output, "finished", True) is False:
-        return None  # metrics arrive with the final output
+    request_finished = getattr(request_output, "finished", True) is not False
     completions = getattr(request_output, "outputs", None) or ()
     metrics, missing = [], False
     for completion in completions:
+        completion_finished = getattr(completion, "finish_reason", None) is not None
+        if not (request_finished or completion_finished):
+            continue  # still generating: its metrics arrive with its final completion
         found = getattr(completion, "spec_decode_metrics", None)
         if found is not None:
             metrics.append(found)
-        elif getattr(completion, "finish_reason", None) is not None:
+        elif completion_finished:
             missing = True
     if missing:
         _warn_missing_once()

@@ -49,3 +49,22 @@ def test_rng_tracker_fork_is_reproducible_on_cpu() -> None:
     with tp_random.get_cuda_rng_tracker().fork():
         again = torch.rand(3)
     assert torch.equal(first, again)
+
+
+def test_mtp_tracker_is_shimmed_on_every_release(cpu: Any) -> None:
+    """The helper this release logs the MTP loss with runs on the CPU; the other tracker shim is skipped as not needed."""
+    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper as helper
+
+    skipped = dict(cpu.skipped)
+    loss = torch.tensor(0.5)
+    if hasattr(helper, "save_metrics_to_tracker"):  # megatron-core 0.19+
+        assert "not needed here" in skipped["mtp_tracker_device"]
+        assert "mtp_metrics_device" not in skipped
+        helper.save_metrics_to_tracker(loss, torch.tensor(3.0), torch.tensor(4.0), layer_number=1, num_layers=2)
+        assert helper.tracker["loss_values"].tolist() == [0.0, 0.5]
+        assert helper.tracker["total_values"].device.type == "cpu"
+    else:
+        assert "not needed here" in skipped["mtp_metrics_device"]
+        helper.save_loss_to_tracker(loss, layer_number=1, num_layers=2)
+        assert helper.tracker["values"].tolist() == [0.0, 0.5]
+        assert helper.tracker["values"].device.type == "cpu"

@@ -43,3 +43,24 @@ def test_doctor_answers_per_release() -> None:
         assert "fixed upstream" in str(ckpt["reason"])
     else:
         assert ckpt["install"] is True
+
+
+def test_doctor_cpu_shims_per_release() -> None:
+    """Each CPU shim installs or is not needed (exit 0): the MTP tracker shim follows the helper the release logs
+    the MTP loss with (save_loss_to_tracker 0.14-0.18, save_metrics_to_tracker 0.19+); 0.13 needs neither."""
+    status, rows = doctor("megatron-cpu")
+    loss = rows["megatron-cpu.mtp_tracker_device"]
+    metrics = rows["megatron-cpu.mtp_metrics_device"]
+    assert status == 0, rows
+    if mcore >= Version("0.19"):
+        assert (loss["install"], loss["needed"]) == (False, False)
+        assert "save_metrics_to_tracker" in str(loss["reason"]) and "mtp_metrics_device" in str(loss["reason"])
+        assert metrics["install"] is True
+    else:
+        assert (metrics["install"], metrics["needed"]) == (False, False)
+        assert "save_loss_to_tracker" in str(metrics["reason"])
+        if mcore < Version("0.14"):
+            assert (loss["install"], loss["needed"]) == (False, False)
+            assert "loss's device" in str(loss["reason"])
+        else:
+            assert loss["install"] is True

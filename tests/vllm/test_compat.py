@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any
 
-from patches.vllm import mtp_engine_kwargs
+import pytest
+
+import patchreg
+from patches.vllm import build_mtp_speculative_config, mtp_engine_kwargs
 from patches.vllm._compat import (
     HAS_MTP_METHOD,
     HAS_PER_REQUEST_METRICS,
     LOSES_METRICS_ON_DELTA_MERGE,
     VLLM_INSTALLED,
+    mtp_method_names,
+    rejected_speculative_keys,
     speculative_config_keys,
     vllm_version,
 )
@@ -65,3 +71,22 @@ def test_delta_merge_predicate_is_false_on_the_pinned_release(vllm: Any) -> None
     assert LOSES_METRICS_ON_DELTA_MERGE.evaluate().ok == (
         Version("0.29") <= Version(Version(vllm_version()).base_version) < Version("0.32")
     )
+
+
+def test_refresh_clears_the_cached_vllm_lookups(vllm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Look-ups cached while vLLM could not be imported are read again after patchreg.refresh()."""
+    patchreg.refresh()
+    monkeypatch.setitem(sys.modules, "vllm", None)  # vLLM "not installed yet"
+    assert speculative_config_keys() is None and rejected_speculative_keys() == {}
+    mtp_method_names()
+    monkeypatch.undo()  # "pip install vllm" done
+    assert speculative_config_keys() is None  # still the cached answer
+    patchreg.refresh()
+    assert all(
+        f.cache_info().currsize == 0 for f in (mtp_method_names, speculative_config_keys, rejected_speculative_keys)
+    )
+    keys = speculative_config_keys()
+    assert keys is not None and "num_speculative_tokens" in keys
+    assert "tensor_parallel_size" in rejected_speculative_keys()
+    with pytest.raises(ValueError, match="Did you mean 'num_speculative_tokens'"):
+        build_mtp_speculative_config("mtp", 1, {"num_spec_tokens": 3})

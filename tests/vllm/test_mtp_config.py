@@ -252,6 +252,36 @@ def test_unknown_key_is_rejected_early_with_a_suggestion(make_speculative_config
         make_speculative_config("deepseek_v3", verl_merge("mtp", 1, {"num_spec_tokens": 2}))
 
 
+@pytest.mark.parametrize("spelling", ["tensor_parallel_size", "tensor-parallel-size"])
+def test_tensor_parallel_size_is_rejected_naming_its_replacement(spelling: str, make_speculative_config: Any) -> None:
+    """vLLM's validator rejects tensor_parallel_size whatever its value; here it fails when building, naming the key to use."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValueError, match="set 'draft_tensor_parallel_size' instead"):
+        build_mtp_speculative_config("mtp", 1, {spelling: 1})
+    with pytest.raises(ValidationError, match="Please pass 'draft_tensor_parallel_size' instead"):
+        make_speculative_config("deepseek_v3", verl_merge("mtp", 1, {"tensor_parallel_size": 1}))
+    spec = build_mtp_speculative_config("mtp", 1, {"draft_tensor_parallel_size": 1, "tensor_parallel_size": None})
+    assert make_speculative_config("deepseek_v3", spec).draft_tensor_parallel_size == 1
+
+
+def test_always_rejected_keys_are_read_from_the_installed_vllm(make_speculative_config: Any) -> None:
+    """Every key read as always-rejected is refused by the real SpeculativeConfig, and by the builder, for any value."""
+    from pydantic import ValidationError
+
+    from patches.vllm._compat import rejected_speculative_keys, speculative_config_keys
+
+    rejected = rejected_speculative_keys()
+    assert "tensor_parallel_size" in rejected  # vLLM 0.9.2-0.34.0
+    for key, why in rejected.items():
+        assert why.replacement is None or why.replacement in (speculative_config_keys() or ())
+        for value in (1, 2):
+            with pytest.raises(ValidationError, match=key):
+                make_speculative_config("deepseek_v3", verl_merge("mtp", 1, {key: value}))
+            with pytest.raises(ValueError, match=f"{key!r}, which vLLM .* rejects whatever its value"):
+                build_mtp_speculative_config("mtp", 1, {key: value})
+
+
 def test_engine_provided_keys_are_rejected(vllm: Any, model_dirs: dict[str, Path]) -> None:
     """target_model_config in the overrides raises; vLLM's EngineArgs silently replaces it."""
     with pytest.raises(ValueError, match="may not set target_model_config"):

@@ -132,15 +132,72 @@ def test_unfinished_output_returns_none_without_warning(
     assert not caplog.records
 
 
-def test_unfinished_request_with_some_finished_completions_gives_none(
+def test_unfinished_request_with_some_finished_completions_counts_those(
     vllm_outputs: Any, fresh_missing_warning: None, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """While a request with n > 1 is still running, partial sums are not reported: None, no warning."""
+    """An unfinished output (n > 1) counts its finished completions with metrics and skips running ones, quietly."""
     caplog.set_level(logging.WARNING, logger="patchreg.vllm")
-    partial = request(vllm_outputs, observed(vllm_outputs[2], 1, [(1, 1)]))
+    request_cls, completion_cls, metrics_cls = vllm_outputs
+    done = request(vllm_outputs, observed(metrics_cls, 1, [(1, 1)])).outputs[0]
+    running = completion_cls(
+        index=1, text="", token_ids=[1], cumulative_logprob=None, logprobs=None, finish_reason=None
+    )
+    partial = request_cls("req-0", None, [0], None, [done, running], finished=False)
+    assert spec_decode_stats(partial) == SpecDecodeStats(1, 1, 1, (0, 1), num_sequences=1)
+    assert not caplog.records
+
+
+def test_streamed_n2_request_reports_every_childs_final_completion(
+    vllm_outputs: Any, fresh_missing_warning: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Streamed with n=2, vLLM's ParentRequest sends each child's final completion in its own output (only the
+    last finished=True); the stats over the stream cover both children."""
+    import types
+
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.parallel_sampling import ParentRequest
+
+    caplog.set_level(logging.WARNING, logger="patchreg.vllm")
+    request_cls, completion_cls, metrics_cls = vllm_outputs
+    for kind in (RequestOutputKind.DELTA, RequestOutputKind.CUMULATIVE):
+        params = SamplingParams(n=2, output_kind=kind)
+        parent = ParentRequest(types.SimpleNamespace(request_id="r", external_req_id="r", params=params))
+        children = [parent.get_child_info(i)[0] for i in range(2)]
+        steps = {0: [(2, 2), (2, 1)], 1: [(2, 0)]}
+        stream = []
+        for index, child in enumerate(children):
+            running = completion_cls(
+                index=index, text="", token_ids=[1], cumulative_logprob=None, logprobs=None, finish_reason=None
+            )
+            final = completion_cls(
+                index=index, text="", token_ids=[1], cumulative_logprob=None, logprobs=None,
+                finish_reason="length", spec_decode_metrics=observed(metrics_cls, 2, steps[index]),
+            )  # fmt: skip
+            for completion in (running, final):
+                outputs, finished = parent.get_outputs(child, completion)  # what vLLM's OutputProcessor calls
+                stream.append(request_cls("r", None, [0], None, outputs, finished=finished))
+        assert [o.finished for o in stream] == [False, False, False, True]
+        stats = [spec_decode_stats(o) for o in stream]
+        assert stats[0] is None and stats[2] is None  # still generating
+        assert stats[1] == SpecDecodeStats(4, 3, 2, (0, 1, 1))
+        assert stats[3] == SpecDecodeStats(2, 0, 1, (1, 0, 0))
+        done = [spec_decode_stats(o) for o in stream if any(c.finish_reason for c in o.outputs)]
+        metrics = rollout_metrics(done)
+        assert (metrics["rollout/spec_num_draft_tokens"], metrics["rollout/spec_num_accepted_tokens"]) == (6, 3)
+        assert metrics["rollout/spec_num_requests_missing"] == 0
+    assert not caplog.records
+
+
+def test_unfinished_output_with_a_finished_completion_without_metrics_warns(
+    vllm_outputs: Any, fresh_missing_warning: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A child that finished without metrics means the engine records none, even before the request finishes."""
+    caplog.set_level(logging.WARNING, logger="patchreg.vllm")
+    partial = request(vllm_outputs, None)
     partial.finished = False
     assert spec_decode_stats(partial) is None
-    assert not caplog.records
+    assert "per_request_spec_decode_metrics" in caplog.text
 
 
 def test_a_batch_is_a_type_error(vllm_outputs: Any) -> None:
