@@ -2,12 +2,15 @@
 
 Exit status: 0 success; 1 ``doctor`` found a patch that would not install (or a set that
 failed to load); 2 usage errors (bad arguments, unknown set or patch name).
-Output is plain text with stable columns (the same on a terminal and in a pipe).
+Output is plain text with stable columns (the same on a terminal and in a pipe). What
+libraries print to ``sys.stdout`` while they are imported or predicates evaluated goes to
+stderr, so that stdout holds only the report (``doctor --json`` stays valid JSON).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import inspect
 import json
@@ -73,7 +76,9 @@ def run(argv: Sequence[str] | None = None, *, finder: Finder | None = None, out:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version, or a usage error
         return exc.code if isinstance(exc.code, int) else USAGE
-    with warnings.catch_warnings():  # libraries warn at import ("Apex is not installed"); keep ours
+    # Libraries warn at import ("Apex is not installed"): keep only our warnings. Some print to
+    # stdout: that goes to stderr, while the report goes to ``out`` (the stdout taken above).
+    with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
         warnings.simplefilter("ignore")
         warnings.simplefilter("default", PatchWarning)
         found = (finder or _default_finder)(tuple(args.module))
@@ -191,6 +196,8 @@ def _would_install(patch: Patch) -> tuple[bool, str, bool]:
         rows = Registry("doctor").explain(patch).rows
     except PatchError as exc:
         return False, str(exc), True
+    except Exception as exc:  # a library's property or __getattr__ on the way may raise anything
+        return False, f"checking {patch.where} raised {exc.__class__.__name__}: {exc}", True
     bad = [r for r in rows if r[2] != "install"]
     return (False, bad[0][3], True) if bad else (True, answer.reason, True)
 
@@ -317,6 +324,8 @@ def _answer(patch: Patch) -> str:
         ok, reason = patch.when.evaluate()
     except PatchError as exc:
         return f"error: {exc}"
+    except Exception as exc:  # a predicate subclass of a library may raise anything
+        return f"error: {exc.__class__.__name__}: {exc}"
     return f"{'yes' if ok else 'no'}: {reason}"
 
 

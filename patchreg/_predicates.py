@@ -3,6 +3,11 @@
 Every predicate evaluates to an :class:`Answer` (a bool and a reason), is hashable,
 composes with ``&``, ``|`` and ``~``, and is evaluated once per process: the answer
 is cached until :func:`refresh` is called.
+
+An answer's ``needed`` flag (False: skipped as *not needed here*, see :func:`not_needed_when`)
+goes through the combinators independently of the order of their parts: a failing ``a & b`` or
+``a | b`` is not needed when one of its failing parts is not needed, and ``~p`` carries the flag
+of ``p`` (so ``~~p`` answers as ``p`` does).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from patchreg._targets import ImportPath, parse_import_path
+from patchreg._targets import ImportPath, identity, parse_import_path
 from patchreg.exceptions import PatchDefinitionError, PatchError, PredicateError
 
 __all__ = [
@@ -34,7 +39,8 @@ __all__ = [
     "requires",
 ]
 
-_CACHE: dict[Predicate, Answer] = {}
+#: Answers by predicate (an unhashable one, e.g. a subclass defining ``__eq__`` only, by identity).
+_CACHE: dict[Any, Answer] = {}
 _ON_REFRESH: list[Callable[[], None]] = []
 
 
@@ -43,7 +49,8 @@ class Answer:
     """The outcome of a predicate: ``ok`` and a one-sentence ``reason``; unpacks as a pair.
 
     ``needed`` is False when the patch is skipped because it is not needed here (see
-    :func:`not_needed_when`), as opposed to something it needs being missing.
+    :func:`not_needed_when`), as opposed to something it needs being missing. It matters for
+    a False answer; ``~`` carries it over, so a True answer may hold it for a later negation.
     """
 
     ok: bool
@@ -77,10 +84,16 @@ class Predicate:
 
     def evaluate(self) -> Answer:
         """Return the cached answer, computing it on first use."""
+        key: Any = self
         try:
-            return _CACHE[self]
+            return _CACHE[key]
         except KeyError:
             pass
+        except TypeError:  # unhashable (a part or a field is): cache it by identity instead
+            key = _ByIdentity(self)
+            cached = _CACHE.get(key)
+            if cached is not None:
+                return cached
         try:
             answer = self._evaluate()
         except PatchError:
@@ -90,7 +103,7 @@ class Predicate:
                 f"Predicate {self.describe()} raised {exc!r}; fix the predicate or make it return False with a reason."
             )
             raise PredicateError(msg) from exc
-        _CACHE[self] = answer
+        _CACHE[key] = answer
         return answer
 
     def _evaluate(self) -> Answer:
@@ -119,6 +132,33 @@ class Predicate:
         return self.describe()
 
 
+class _ByIdentity:
+    """Wraps an object so that it hashes and compares by identity (for unhashable ones)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: object) -> None:
+        self.obj = obj
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _ByIdentity) and other.obj is self.obj
+
+    def __hash__(self) -> int:
+        return identity(self.obj)
+
+    def __repr__(self) -> str:
+        return f"<by identity: {self.obj!r}>"
+
+
+def _hash_key(value: object) -> object:
+    """``value`` itself when it is hashable, else a key comparing it by identity."""
+    try:
+        hash(value)
+    except Exception:  # TypeError for __hash__ = None; a broken __hash__ may raise anything
+        return _ByIdentity(value)
+    return value
+
+
 def _as_predicate(value: object) -> Predicate:
     if isinstance(value, Predicate):
         return value
@@ -143,14 +183,22 @@ always: Predicate = _Always()
 
 @attrs.frozen(cache_hash=True)
 class _All(Predicate):
+    """``a & b``: True when every part is; False with the first failing part's answer.
+
+    A failure is *not needed* (``needed=False``) when any failing part is, whatever the order:
+    after a needed failure, the remaining parts that may answer *not needed* (those containing a
+    :func:`not_needed_when`) are evaluated too, and the first such answer is the result. One that
+    raises then is ignored (it would have been short-circuited).
+    """
+
     parts: tuple[Predicate, ...]
 
     def _evaluate(self) -> Answer:
         reasons = []
-        for part in self.parts:
+        for i, part in enumerate(self.parts):
             answer = part.evaluate()
             if not answer.ok:
-                return answer
+                return answer if not answer.needed else _first_not_needed(self.parts[i + 1 :], answer)
             reasons.append(answer.reason)
         return Answer(True, "; ".join(reasons))
 
@@ -163,6 +211,11 @@ class _All(Predicate):
 
 @attrs.frozen(cache_hash=True)
 class _Any(Predicate):
+    """``a | b``: the first True part's answer; False, with every reason, when none is.
+
+    A failure is *not needed* when any of its (all failing) parts is.
+    """
+
     parts: tuple[Predicate, ...]
 
     def _evaluate(self) -> Answer:
@@ -181,13 +234,43 @@ class _Any(Predicate):
         return _Any((*self.parts, _as_predicate(other)))
 
 
+def _first_not_needed(parts: tuple[Predicate, ...], failed: Answer) -> Answer:
+    """The first failing *not needed* answer among ``parts`` (evaluated as needed), else ``failed``."""
+    for part in parts:
+        if not _may_be_unneeded(part):
+            continue
+        try:
+            answer = part.evaluate()
+        except PatchError:  # evaluated only for its flag: a part after a failure may not be meant to run
+            continue
+        if not answer.ok and not answer.needed:
+            return answer
+    return failed
+
+
+_NEEDED_ALWAYS: tuple[type, ...] = ()  # the leaf predicates that always answer needed=True (set below)
+
+
+def _may_be_unneeded(pred: Predicate) -> bool:
+    """Whether ``pred`` can answer False marked *not needed* (it contains a not_needed_when, or is unknown)."""
+    if isinstance(pred, _NotNeeded):
+        return True
+    if isinstance(pred, (_All, _Any)):
+        return any(_may_be_unneeded(p) for p in pred.parts)
+    if isinstance(pred, _Not):
+        return _may_be_unneeded(pred.part)
+    return not isinstance(pred, _NEEDED_ALWAYS)
+
+
 @attrs.frozen(cache_hash=True)
 class _Not(Predicate):
+    """``~p``: the opposite of ``p``, carrying ``p``'s ``needed`` flag (so ``~~p`` answers as ``p``)."""
+
     part: Predicate
 
     def _evaluate(self) -> Answer:
-        ok, reason = self.part.evaluate()
-        return Answer(not ok, f"not ({reason})")
+        answer = self.part.evaluate()
+        return Answer(not answer.ok, f"not ({answer.reason})", needed=answer.needed)
 
     def describe(self) -> str:
         return f"~{_wrap(self.part, (_All, _Any))}"
@@ -217,8 +300,8 @@ class _Requires(Predicate):
         if spec.prereleases:
             judged, note = version, ""
         else:
-            judged = Version(version.base_version)
-            note = f" (judged as {judged})" if str(judged) != found else ""
+            judged = _judged(version)
+            note = f" (judged as {judged})" if judged != version else ""
         if spec.contains(judged, prereleases=True):
             return Answer(True, f"{name} {found}{note} satisfies {spec or 'any version'}")
         return Answer(False, f"{name} {found}{note} does not satisfy {spec}")
@@ -227,11 +310,19 @@ class _Requires(Predicate):
         return f"requires({self.requirement!r})"
 
 
+def _judged(version: Version) -> Version:
+    """``version`` without its pre-, dev- and local parts; the epoch and a post release stay."""
+    post = f".post{version.post}" if version.post is not None else ""
+    return Version(f"{version.base_version}{post}")
+
+
 def requires(requirement: str) -> Predicate:
     """True when the installed distribution satisfies ``requirement`` (e.g. ``"vllm>=0.29"``).
 
     Pre-, dev- and local releases are judged by their base release (``0.16.0rc0.dev12``
-    counts as ``0.16.0``) unless the specifier itself names a pre-release.
+    counts as ``0.16.0``) unless the specifier itself names a pre-release. Post releases and
+    epochs are kept, ordered as PEP 440 orders them: ``0.19.2.post1`` satisfies
+    ``>=0.19.2.post1`` but not ``==0.19.2``, and ``0.19.2.post1.dev3`` counts as ``0.19.2.post1``.
     """
     if not isinstance(requirement, str):
         msg = f"requires() takes a requirement string such as 'megatron-core>=0.14', not {requirement!r}."
@@ -256,7 +347,7 @@ def distributions(pred: Predicate) -> frozenset[str]:
         return frozenset({canonicalize_name(pred._parsed.name)})
     if isinstance(pred, (_All, _Any)):
         return frozenset().union(*(distributions(p) for p in pred.parts))
-    if isinstance(pred, _Not):
+    if isinstance(pred, (_Not, _NotNeeded)):
         return distributions(pred.part)
     return frozenset()
 
@@ -348,8 +439,10 @@ def not_needed_when(pred: Predicate) -> Predicate:
 
 @attrs.frozen(cache_hash=True)
 class _Check(Predicate):
-    func: Callable[[], Any]
+    func: Callable[[], Any] = attrs.field(eq=False)
     description: str
+    #: ``func`` when hashable, else a key comparing it by identity (a callable object defining ``__eq__``).
+    _key: object = attrs.field(default=attrs.Factory(lambda self: _hash_key(self.func), takes_self=True), repr=False)
 
     def _evaluate(self) -> Answer:
         result = self.func()
@@ -371,3 +464,6 @@ def check(func: Callable[[], Any], description: str) -> Predicate:
         msg = "check() needs a non-empty description naming what it tests."
         raise PatchDefinitionError(msg)
     return _Check(func, description)
+
+
+_NEEDED_ALWAYS = (_Always, _Requires, _Has, _Accepts, _Check)

@@ -79,10 +79,17 @@ class ImportPath:
                 holder = getattr(holder, part)
             except AttributeError:
                 return Miss(f"{self.module} has no {self.qualname(upto=part)!r}")
+            except Exception as exc:  # a property or __getattr__ of a library may raise anything
+                return Miss(f"{self.module}:{self.qualname(upto=part)} raised {exc.__class__.__name__}: {exc}")
         return holder
 
     def raw(self) -> tuple[bool, Any, str]:
-        """``(found, value, reason)``: the attribute as stored, from ``vars`` along the MRO."""
+        """``(found, value, reason)``: the attribute as stored, from ``vars`` along the MRO.
+
+        An attribute that is not stored in any of those namespaces but that ``getattr`` finds
+        (a module-level ``__getattr__``, a metaclass or instance ``__getattr__``) exists too:
+        ``value`` is then what ``getattr`` returns.
+        """
         holder = self.locate()
         if isinstance(holder, Miss):
             return False, None, holder.reason
@@ -90,7 +97,13 @@ class ImportPath:
         for ns in namespaces(holder):
             if attr in ns:
                 return True, ns[attr], f"{self} exists"
-        return False, None, f"{self} does not exist"
+        try:
+            value = getattr(holder, attr)
+        except AttributeError:
+            return False, None, f"{self} does not exist"
+        except Exception as exc:  # a library's __getattr__ may raise anything
+            return False, None, f"{self} raised {exc.__class__.__name__}: {exc}"
+        return True, value, f"{self} exists (served by __getattr__, not stored)"
 
     def resolve(self, obj: Any = None) -> list[Site] | Miss:
         """Import the module and walk to the holder; ``obj`` is ignored (import paths are global)."""
@@ -105,15 +118,41 @@ class ImportPath:
             raise UnpatchableTargetError(msg, target=str(self))
         attr = self.parts[-1]
         if not any(attr in ns for ns in namespaces(holder)):
-            return Miss(f"{self} does not exist")
+            return Miss(self._not_stored(holder, attr))
         return [Site(holder, attr)]
+
+    def _not_stored(self, holder: Any, attr: str) -> str:
+        """Why an attribute missing from ``holder``'s namespaces cannot be patched: absent, or served lazily."""
+        try:
+            value = getattr(holder, attr)
+        except Exception:  # AttributeError: absent; anything else: not there to patch either
+            return f"{self} does not exist"
+        where = f"module {holder.__name__}" if isinstance(holder, types.ModuleType) else f"class {holder.__qualname__}"
+        served = "its module-level __getattr__" if isinstance(holder, types.ModuleType) else "its metaclass"
+        defined = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+        hint = (
+            f"; patch it where it is defined, e.g. '{defined[0]}:{defined[1]}'"
+            if all(isinstance(d, str) for d in defined)
+            else "; patch it where it is defined"
+        )
+        return (
+            f"{self} exists but is not stored in {where} (it is served by {served}, e.g. a lazy attribute), "
+            f"so patchreg cannot install and restore it exactly{hint}"
+        )
 
 
 def namespaces(holder: Any) -> list[Mapping[str, Any]]:
-    """The namespaces an attribute of ``holder`` is read from: ``vars`` along the MRO for a class."""
+    """The namespaces an attribute of ``holder`` is read from.
+
+    ``vars`` along the MRO for a class; for a module, ``vars``; for any other object, its own
+    ``vars`` (when it has a ``__dict__``) and then ``vars`` along its class's MRO.
+    """
     if isinstance(holder, type):
         return [vars(k) for k in holder.__mro__]
-    return [vars(holder)] if hasattr(holder, "__dict__") else []
+    own = [vars(holder)] if isinstance(getattr(holder, "__dict__", None), Mapping) else []
+    if isinstance(holder, types.ModuleType):
+        return own
+    return [*own, *(vars(k) for k in type(holder).__mro__)]
 
 
 def parse_import_path(text: object, *, field: str = "target") -> ImportPath:
@@ -129,6 +168,17 @@ def parse_import_path(text: object, *, field: str = "target") -> ImportPath:
     raise PatchDefinitionError(msg, target=text)
 
 
+def _unwrap_names(value: str | Iterable[str]) -> tuple[str, ...]:
+    """A Selector's ``unwrap``: a single name (``"module"``) or an iterable of names, as a tuple."""
+    if isinstance(value, str):
+        return (value,)
+    try:
+        return tuple(value)
+    except TypeError:
+        msg = f"Selector unwrap takes an attribute name or a tuple of names, got {value!r}."
+        raise PatchDefinitionError(msg) from None
+
+
 @attrs.frozen
 class _Step:
     name: str
@@ -140,13 +190,14 @@ class Selector:
     """A path resolved against an object at apply time: ``"mtp.layers[*]._get_embeddings"``.
 
     The first name is looked up on the object, then through ``unwrap`` attributes
-    (``.module`` chains, ``.language_model``) until found. ``[*]`` fans out over a
+    (``.module`` chains, ``.language_model``) until found; ``unwrap`` takes a tuple of
+    names or one name (``unwrap="module"`` is ``unwrap=("module",)``). ``[*]`` fans out over a
     sequence, ``nn.ModuleList`` or mapping values; ``[n]`` picks one element. A list or
     tuple passed as the object is treated as model chunks, each resolved on its own.
     """
 
     path: str
-    unwrap: tuple[str, ...] = DEFAULT_UNWRAP
+    unwrap: tuple[str, ...] = attrs.field(default=DEFAULT_UNWRAP, converter=_unwrap_names)
     _steps: tuple[_Step, ...] = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:

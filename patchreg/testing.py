@@ -26,13 +26,21 @@ def pytest_configure(config: Any) -> None:
     config.addinivalue_line("markers", f"{_MARK}: the test may leave patches active in patchreg.registry")
 
 
-def _snapshot() -> dict[tuple[str, str, str, str], int]:
-    """Users per active install; a pending (lazy) install counts as one."""
-    snap: dict[tuple[str, str, str, str], int] = {}
+def _snapshot() -> tuple[dict[tuple[str, ...], int], dict[tuple[str, ...], tuple[str, str]]]:
+    """Users per install, and how to name each in a leak report; a pending (lazy) install counts as one.
+
+    An import-path install is keyed by its patch and target, whatever its state: a lazy patch
+    that a wider-scoped fixture applied stays the same install when a test's import fires it
+    (pending, then active). A selector install is keyed by its patch, holder and attribute.
+    """
+    snap: dict[tuple[str, ...], int] = {}
+    labels: dict[tuple[str, ...], tuple[str, str]] = {}  # key -> (patch on where, state)
     for e in default_registry.active():
-        key = (e.patch, e.holder, e.attr, e.state)
+        key = (e.patch, e.target) if ":" in e.target else (e.patch, e.holder, e.attr)
         snap[key] = snap.get(key, 0) + max(e.count, 1)
-    return snap
+        where = f"{e.holder}.{e.attr}" if e.holder else e.target
+        labels[key] = (f"{e.patch} on {where}", e.state)
+    return snap, labels
 
 
 @pytest.fixture
@@ -45,16 +53,14 @@ def patch_registry() -> Iterator[Registry]:
 
 @pytest.fixture(autouse=True)
 def _patchreg_leak_guard(request: Any) -> Iterator[None]:
-    before = _snapshot()
+    before, _ = _snapshot()
     checkpoint = default_registry.checkpoint()
     yield
     if request.node.get_closest_marker(_MARK) is not None:
         return
-    after = _snapshot()
+    after, labels = _snapshot()
     leaked = sorted(
-        f"{p} on {h}.{a} ({state}, count {n})"
-        for (p, h, a, state), n in after.items()
-        if n > before.get((p, h, a, state), 0)
+        f"{labels[key][0]} ({labels[key][1]}, count {n})" for key, n in after.items() if n > before.get(key, 0)
     )
     if leaked:
         default_registry.rollback(checkpoint)  # only what this test added

@@ -71,12 +71,12 @@ DETACH_EMBEDDINGS = Patch(
 )
 
 
-def _recompute_is_broken() -> tuple[bool, str]:
-    """Whether this release's MTP recompute needs the patch, and why (read from the signatures)."""
+def _recompute_is_broken() -> tuple[bool | None, str]:
+    """Whether this release's MTP recompute needs the patch, and why (read from the signatures); None: cannot tell."""
     try:
         layer = upstream(MTP, "MultiTokenPredictionLayer")
     except ImportError as exc:
-        return False, f"megatron-core cannot be imported ({exc})"
+        return None, f"megatron-core cannot be imported ({exc})"
     if layer is None or not hasattr(layer, "_checkpointed_forward"):
         return False, "MultiTokenPredictionLayer has no _checkpointed_forward (no MTP recompute on this release)"
     takes = parameters(layer._checkpointed_forward)[0]
@@ -88,9 +88,9 @@ def _recompute_is_broken() -> tuple[bool, str]:
 
 
 def _recompute_is_fixed() -> tuple[bool, str]:
-    """The converse of :func:`_recompute_is_broken`, for ``not_needed_when``."""
+    """Whether :func:`_recompute_is_broken` says fixed, for ``not_needed_when`` (not when it cannot tell)."""
     broken, reason = _recompute_is_broken()
-    return not broken, reason
+    return broken is False, reason
 
 
 CHECKPOINTED_FORWARD = Patch(

@@ -8,7 +8,8 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+import textwrap
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -240,3 +241,87 @@ def test_doctor_on_this_environment_lists_the_mtp_set() -> None:
     if Version(mcore) >= Version("0.19"):  # the release the project is developed on
         assert postprocess["install"] is True
         assert status == 0  # checkpointed_forward is not needed here: the recompute fix is upstream
+
+
+ODD = textwrap.dedent(
+    """
+    from patchreg import Patch, PatchSet, check, has
+
+    class Boom:
+        @property
+        def inner(self):
+            raise RuntimeError("backend not initialised")
+
+    holder = Boom()
+
+    class Probe:  # a callable with __eq__, hence unhashable
+        def __eq__(self, other):
+            return isinstance(other, Probe)
+
+        def __call__(self):
+            return True
+
+    def f():
+        return 1
+
+    def g():
+        return 2
+
+    def replacement():
+        return 0
+
+    ODD = PatchSet(
+        "odd",
+        [
+            Patch("through-property", "cli_odd_xyz:holder.inner.attr", replacement),
+            Patch("has-through-property", "cli_odd_xyz:f", replacement, when=has("cli_odd_xyz:holder.inner.attr")),
+            Patch("unhashable-check", "cli_odd_xyz:g", replacement, when=check(Probe(), "probe")),
+        ],
+    )
+
+    NOISY = PatchSet(
+        "noisy",
+        [Patch("kernel", "cli_noisy_lib_xyz:kernel", replacement, when=has("cli_noisy_lib_xyz:kernel"))],
+    )
+    """
+)
+
+NOISY_LIB = 'print("noisy lib: using fallback kernels")\n\ndef kernel():\n    return 1\n'
+
+
+@pytest.fixture
+def odd_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Modules cli_odd_xyz (odd targets and predicates) and cli_noisy_lib_xyz (prints at import)."""
+    (tmp_path / "cli_odd_xyz.py").write_text(ODD)
+    (tmp_path / "cli_noisy_lib_xyz.py").write_text(NOISY_LIB)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "cli_odd_xyz"
+    for name in ("cli_odd_xyz", "cli_noisy_lib_xyz"):
+        sys.modules.pop(name, None)
+
+
+def test_doctor_and_show_report_odd_targets_and_predicates_without_a_traceback(odd_modules: str) -> None:
+    """A target or has() through a raising property is a 'no' row with the reason; an unhashable check() works."""
+    status, out = cli("-m", odd_modules, "doctor", "odd")
+    assert status == 1
+    rows = {line.split()[1]: line for line in out.splitlines() if line.startswith("odd ")}
+    reason = "cli_odd_xyz:holder.inner raised RuntimeError: backend not initialised"
+    assert rows["through-property"].split()[2] == "no" and reason in rows["through-property"]
+    assert rows["has-through-property"].split()[2] == "no" and reason in rows["has-through-property"]
+    assert rows["unhashable-check"].split()[2] == "yes" and "probe is true" in rows["unhashable-check"]
+    status, out = cli("-m", odd_modules, "show", "odd.through-property")
+    assert status == 0
+    assert f"install    no: {reason}" in out
+    status, out = cli("-m", odd_modules, "show", "odd.unhashable-check")
+    assert status == 0 and "answer     yes: probe is true" in out
+
+
+def test_doctor_json_stays_valid_when_a_library_prints_at_import(
+    odd_modules: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What a library prints to stdout while it is imported goes to stderr; stdout is only the JSON."""
+    status = run(["-m", odd_modules, "doctor", "--json", "noisy"], finder=_sample)
+    captured = capsys.readouterr()
+    assert status == 0
+    assert [(o["patch"], o["install"]) for o in json.loads(captured.out)] == [("kernel", True)]
+    assert "noisy lib: using fallback kernels" in captured.err

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import sys
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,9 +20,12 @@ from patchreg import (
     always,
     check,
     has,
+    not_needed_when,
     refresh,
     requires,
 )
+from patchreg._predicates import Predicate, distributions
+from tests.patchreg import sample
 
 M = "tests.patchreg.sample"
 
@@ -207,5 +212,215 @@ def test_not_needed_when_marks_the_answer() -> None:
     both = (has(f"{M}:module_func") & not_needed_when(requires("attrs>=1"))).evaluate()
     assert not both.ok and not both.needed
     missing = (requires("no-such-dist-xyz>=1") & not_needed_when(requires("attrs>=1"))).evaluate()
-    assert not missing.ok and missing.needed
+    assert not missing.ok and not missing.needed  # order-independent: see test_needed_is_order_independent
     assert str(not_needed_when(requires("attrs>=1"))) == "not_needed_when(requires('attrs>=1'))"
+
+
+# -- post releases and epochs -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("installed", "spec", "expected"),
+    [
+        ("0.19.2.post1", ">=0.19.2.post1", True),
+        ("0.19.2.post1", "==0.19.2.post1", True),
+        ("0.19.2.post1", "==0.19.2", False),
+        ("0.19.2.post1", "<=0.19.2", False),
+        ("0.19.2.post1", ">0.19.2", False),
+        ("0.19.2.post1", ">=0.19.2,<0.20", True),
+        ("0.19.2.post1.dev3", ">=0.19.2.post1", True),
+        ("0.19.2.post1+local", "==0.19.2.post1", True),
+        ("1!0.5", ">=1.0", True),
+        ("1!0.5rc1", "<1.0", False),
+    ],
+)
+def test_post_releases_and_epochs_are_kept(fake_dists: Any, installed: str, spec: str, expected: bool) -> None:
+    """A post release is judged as itself (as PEP 440 orders it), and so is an epoch; only pre/dev/local drop."""
+    fake_dists("fake-post", installed)
+    answer = requires(f"fake-post{spec}").evaluate()
+    assert answer.ok is expected, answer.reason
+
+
+@pytest.mark.parametrize(
+    ("installed", "note"),
+    [
+        ("0.19.2.post1", ""),
+        ("0.19.2.post1.dev3", " (judged as 0.19.2.post1)"),
+        ("0.16.0rc0.dev12", " (judged as 0.16.0)"),
+        ("1!0.5+abc", " (judged as 1!0.5)"),
+    ],
+)
+def test_judged_as_note(fake_dists: Any, installed: str, note: str) -> None:
+    """The reason says '(judged as X)' only when pre/dev/local parts were dropped; X keeps post and epoch."""
+    fake_dists("fake-note", installed)
+    answer = requires("fake-note>=0").evaluate()
+    assert answer.reason == f"fake-note {installed}{note} satisfies >=0"
+
+
+# -- has() and accepts() agree with getattr -------------------------------------------------------
+
+
+class _Lazy:
+    """A class a module serves through its module-level __getattr__."""
+
+    def run(self, x: int) -> int:
+        return x
+
+
+class _Boom:
+    """An object whose property raises something other than AttributeError."""
+
+    @property
+    def inner(self) -> Any:
+        raise RuntimeError("backend not initialised")
+
+
+@pytest.fixture
+def lazy_module() -> Iterator[types.ModuleType]:
+    """A module ``lazy_mod_xyz`` with a lazy attribute (PEP 562), an instance and a raising property."""
+
+    def __getattr__(name: str) -> Any:
+        if name == "Lazy":
+            return _Lazy
+        if name == "broken":
+            raise RuntimeError("lazy import failed")
+        raise AttributeError(name)
+
+    mod = types.ModuleType("lazy_mod_xyz")
+    mod.__getattr__ = __getattr__  # type: ignore[method-assign]
+    mod.leaf = sample.Leaf()  # type: ignore[attr-defined]
+    mod.boom = _Boom()  # type: ignore[attr-defined]
+    sys.modules[mod.__name__] = mod
+    refresh()
+    try:
+        yield mod
+    finally:
+        del sys.modules[mod.__name__]
+        refresh()
+
+
+def test_has_and_accepts_see_lazy_module_attributes(lazy_module: types.ModuleType) -> None:
+    """A module attribute served by a module-level __getattr__ exists, as getattr says."""
+    answer = has("lazy_mod_xyz:Lazy").evaluate()
+    assert answer.ok and "lazy_mod_xyz:Lazy exists" in answer.reason
+    assert has("lazy_mod_xyz:Lazy.run").evaluate().ok
+    assert accepts("lazy_mod_xyz:Lazy", "self").evaluate().ok is False  # the class's __init__: no 'self'
+    assert accepts("lazy_mod_xyz:Lazy.run", "x").evaluate().ok
+    missing = has("lazy_mod_xyz:Nope").evaluate()
+    assert (missing.ok, missing.reason) == (False, "lazy_mod_xyz:Nope does not exist")
+    broken = has("lazy_mod_xyz:broken").evaluate()
+    assert not broken.ok and "RuntimeError: lazy import failed" in broken.reason
+
+
+def test_has_and_accepts_see_attributes_of_an_instance_class(lazy_module: types.ModuleType) -> None:
+    """An attribute of an object's class (a method) exists on the object, as getattr says."""
+    assert has("lazy_mod_xyz:leaf.forward").evaluate().ok
+    assert has("lazy_mod_xyz:leaf.tag").evaluate().ok
+    assert accepts("lazy_mod_xyz:leaf.forward", "x").evaluate().ok
+    assert not has("lazy_mod_xyz:leaf.nope").evaluate().ok
+    assert hasattr(logging.root, "setLevel")
+    assert has("logging:root.setLevel").evaluate().ok
+    assert accepts("logging:root.setLevel", "level").evaluate().ok
+
+
+def test_has_through_a_raising_property_is_false_with_the_reason(lazy_module: types.ModuleType) -> None:
+    """A path through a property that raises (not AttributeError) answers False, not a PredicateError."""
+    answer = has("lazy_mod_xyz:boom.inner.attr").evaluate()
+    assert not answer.ok
+    assert answer.reason == "lazy_mod_xyz:boom.inner raised RuntimeError: backend not initialised"
+
+
+# -- check() on unhashable callables --------------------------------------------------------------
+
+
+class _Probe:
+    """A callable object defining __eq__ (so __hash__ is None)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Probe)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __call__(self) -> bool:
+        self.calls += 1
+        return True
+
+
+def test_check_takes_unhashable_callables() -> None:
+    """check() on an unhashable callable evaluates (once) and hashes: the callable counts by identity."""
+    probe = _Probe()
+    pred = check(probe, "probe feature")
+    hash(pred)
+    assert pred.evaluate() == Answer(True, "probe feature is true")
+    assert pred.evaluate() is pred.evaluate() and probe.calls == 1
+    assert check(probe, "probe feature") == pred
+    assert check(_Probe(), "probe feature") != pred
+    assert (pred & always).evaluate().ok
+
+
+def test_unhashable_predicate_subclass_is_cached_by_identity() -> None:
+    """A Predicate subclass without __hash__ evaluates without a TypeError and is cached."""
+    calls = []
+
+    class Odd(Predicate):
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, Odd)
+
+        __hash__ = None  # type: ignore[assignment]
+
+        def _evaluate(self) -> Answer:
+            calls.append(1)
+            return Answer(True, "odd")
+
+        def describe(self) -> str:
+            return "odd"
+
+    odd = Odd()
+    assert odd.evaluate().ok and odd.evaluate().ok and len(calls) == 1
+    assert (odd & always).evaluate().ok and len(calls) == 1
+
+
+# -- needed through & and ~ ---------------------------------------------------------------------
+
+
+def test_needed_is_order_independent_and_survives_negation() -> None:
+    """A failing & is not needed when any failing part is, in any order; ~~p answers as p."""
+    fixed = not_needed_when(requires("attrs>=1"))
+    missing = requires("no-such-dist-xyz")
+    for pred in (fixed & missing, missing & fixed, missing & always & fixed, fixed | missing, missing | fixed):
+        answer = pred.evaluate()
+        assert (answer.ok, answer.needed) == (False, False), pred
+        assert "not needed here: attrs" in answer.reason
+    assert (~fixed).evaluate().ok
+    for p in (fixed, missing, not_needed_when(requires("attrs<1")), always, fixed & missing):
+        assert ((~~p).evaluate().ok, (~~p).evaluate().needed) == (p.evaluate().ok, p.evaluate().needed), p
+    plain_miss = (missing & requires("attrs>=1")).evaluate()
+    assert (plain_miss.ok, plain_miss.needed, plain_miss.reason) == (False, True, "no-such-dist-xyz is not installed")
+
+
+def test_conjunction_still_short_circuits_where_needed_cannot_change() -> None:
+    """After a needed failure, parts that cannot answer 'not needed' are not run; one that raises is ignored."""
+    ran = []
+
+    def probe() -> bool:
+        ran.append(1)
+        return True
+
+    def broken() -> bool:
+        raise ImportError("the dependency the first part says is missing")
+
+    missing = requires("no-such-dist-xyz")
+    assert not (missing & check(probe, "probe")).evaluate().ok
+    assert ran == []
+    answer = (missing & not_needed_when(check(broken, "broken"))).evaluate()
+    assert (answer.ok, answer.needed, answer.reason) == (False, True, "no-such-dist-xyz is not installed")
+
+
+def test_distributions_descend_into_not_needed_when() -> None:
+    """distributions() names the requires() inside not_needed_when(), ~ and combinations."""
+    assert distributions(not_needed_when(requires("attrs>=999"))) == {"attrs"}
+    combined = not_needed_when(requires("Some_Dist>=1") & has(f"{M}:module_func")) | ~requires("other.dist")
+    assert distributions(combined) == {"some-dist", "other-dist"}

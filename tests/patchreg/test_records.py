@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from patchreg import Patch, PatchDefinitionError, PatchSet, Selector, always, requires
+from patchreg import Patch, PatchDefinitionError, PatchSet, Registry, Selector, always, requires
 from patchreg._targets import ImportPath, Miss, parse_import_path
 from tests.patchreg import sample
 from tests.patchreg.helpers import plain, tagging_wrapper
@@ -165,6 +167,67 @@ def test_selector_custom_unwrap() -> None:
     assert [s.holder for s in found] == [leaf]  # type: ignore[union-attr]
     with pytest.raises(PatchDefinitionError, match="identifiers"):
         Selector("forward", unwrap=("not ok",))
+
+
+def test_selector_unwrap_takes_one_name_as_a_string() -> None:
+    """unwrap="module" is one name (not the letters m, o, d, ...); a non-iterable is a definition error."""
+    wrapped = sample.Wrapper(sample.Leaf("inner"))
+    selector = Selector("forward", unwrap="module")
+    assert selector.unwrap == ("module",)
+    assert [s.holder.tag for s in selector.resolve(wrapped)] == ["inner"]  # type: ignore[union-attr]
+    assert Selector("forward", unwrap=["module"]).unwrap == ("module",)
+    assert Selector("forward", unwrap="module") == Selector("forward", unwrap=("module",))
+    with pytest.raises(PatchDefinitionError, match="attribute name or a tuple of names"):
+        Selector("forward", unwrap=3)  # type: ignore[arg-type]
+    with pytest.raises(PatchDefinitionError, match="identifiers"):
+        Selector("forward", unwrap="not ok")
+
+
+def test_import_path_to_a_lazy_module_attribute_is_skipped_with_the_reason() -> None:
+    """A module attribute served by a module-level __getattr__ exists, but a patch on it is skipped, saying why."""
+
+    def __getattr__(name: str) -> Any:
+        if name == "Lazy":
+            return sample.Leaf
+        raise AttributeError(name)
+
+    mod = types.ModuleType("lazy_records_xyz")
+    mod.__getattr__ = __getattr__  # type: ignore[method-assign]
+    sys.modules[mod.__name__] = mod
+    try:
+        before = dict(vars(mod))
+        miss = parse_import_path("lazy_records_xyz:Lazy").resolve()
+        assert isinstance(miss, Miss)
+        assert "exists but is not stored in module lazy_records_xyz" in miss.reason
+        assert "module-level __getattr__" in miss.reason
+        assert "'tests.patchreg.sample:Leaf'" in miss.reason
+        assert parse_import_path("lazy_records_xyz:Nope").resolve() == Miss("lazy_records_xyz:Nope does not exist")
+        reg = Registry("lazy-attr")
+        patch = Patch("lazy", "lazy_records_xyz:Lazy", plain(1))
+        assert reg.explain(patch).rows[0][2:] == ("skip", miss.reason)
+        report = reg.apply(patch)
+        assert reg.active() == () and vars(mod) == before
+        reg.revert(report)
+    finally:
+        del sys.modules[mod.__name__]
+
+
+def test_import_path_through_a_raising_property_is_a_miss() -> None:
+    """A path through a property raising something other than AttributeError resolves to a Miss with the reason."""
+
+    class Boom:
+        @property
+        def inner(self) -> Any:
+            raise RuntimeError("backend not initialised")
+
+    mod = types.ModuleType("boom_records_xyz")
+    mod.holder = Boom()  # type: ignore[attr-defined]
+    sys.modules[mod.__name__] = mod
+    try:
+        miss = parse_import_path("boom_records_xyz:holder.inner.attr").resolve()
+        assert miss == Miss("boom_records_xyz:holder.inner raised RuntimeError: backend not initialised")
+    finally:
+        del sys.modules[mod.__name__]
 
 
 def test_chunk_reasons_combined() -> None:

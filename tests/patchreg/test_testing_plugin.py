@@ -139,6 +139,77 @@ def test_two(held):
     pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=2)
 
 
+LATE = """
+import importlib
+import sys
+
+import pytest
+import patchreg
+from patchreg import Patch
+
+GREET = Patch("greet", "late_mod_guard_xyz:greet", lambda: "patched")
+"""
+
+
+def test_lazy_patch_of_a_wider_fixture_is_not_blamed_when_a_test_imports_its_module(
+    pytester: pytest.Pytester,
+) -> None:
+    """A lazy patch a module-scoped fixture holds turns from pending to active on the test's import: no leak."""
+    pytester.makepyfile(late_mod_guard_xyz='def greet():\n    return "hello"\n')
+    pytester.makepyfile(
+        test_late=LATE
+        + '''
+@pytest.fixture(scope="module")
+def held():
+    sys.modules.pop("late_mod_guard_xyz", None)
+    report = patchreg.registry.apply(GREET, lazy=True)
+    assert [e.state for e in patchreg.registry.active()] == ["pending"]
+    yield report
+    patchreg.registry.revert(report)
+
+def test_imports_the_module(held):
+    """The fixture's patch fires on this import."""
+    assert importlib.import_module("late_mod_guard_xyz").greet() == "patched"
+    assert [e.state for e in patchreg.registry.active()] == ["active"]
+
+def test_after(held):
+    """Still held, still not blamed."""
+    assert importlib.import_module("late_mod_guard_xyz").greet() == "patched"
+'''
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")  # its own sys.meta_path for wrapt's hook
+    result.assert_outcomes(passed=2)
+    assert "test left patches active" not in result.stdout.str()
+
+
+def test_lazy_patch_a_test_leaves_pending_or_fired_is_blamed(pytester: pytest.Pytester) -> None:
+    """A lazy patch the test itself applies and leaves (pending, or fired by its import) is a leak."""
+    pytester.makepyfile(late_mod_guard_xyz='def greet():\n    return "hello"\n')
+    pytester.makepyfile(
+        test_late=LATE
+        + '''
+def test_leaves_it_pending():
+    """Applies lazily and never imports."""
+    sys.modules.pop("late_mod_guard_xyz", None)
+    patchreg.registry.apply(GREET, lazy=True)
+
+def test_fires_and_leaves_it():
+    """Applies lazily, imports, and forgets to revert."""
+    sys.modules.pop("late_mod_guard_xyz", None)
+    patchreg.registry.apply(GREET, lazy=True)
+    assert importlib.import_module("late_mod_guard_xyz").greet() == "patched"
+'''
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2, errors=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*test left patches active in patchreg.registry: greet on late_mod_guard_xyz:greet (pending, count 1)*",
+            "*test left patches active in patchreg.registry: greet on late_mod_guard_xyz.greet (active, count 1)*",
+        ]
+    )
+
+
 def test_plugin_can_be_disabled(pytester: pytest.Pytester) -> None:
     """`-p no:patchreg` turns the plugin off: no leak guard and no fixture."""
     pytester.makepyfile(
