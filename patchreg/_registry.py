@@ -691,6 +691,7 @@ class Registry:
         """Another registry's live layer that installed ``current`` on this attribute (the topmost), if any."""
         if len(_REGISTRIES) < 2:
             return None
+        mine = site.layers[-1] if site.layers else None
         found: tuple[Registry, _Site, _Layer] | None = None
         for registry in list(_REGISTRIES):
             if registry is self:
@@ -701,6 +702,8 @@ class Registry:
             top = other.layers[-1]
             if top.count > 0 and top.owns(current) and (found is None or top.seq > found[2].seq):
                 found = (registry, other, top)
+        if found is not None and mine is not None and mine.seq > found[2].seq and mine.owns(current):
+            return None  # our own layer is on top (two registries installed the very same object): it covers
         return found
 
     def _purge(self) -> None:
@@ -816,15 +819,19 @@ class Registry:
             log.debug("patchreg: restored %s.%s (%s)", site.label, site.attr, layer.patch.name)
 
     def revert_all(self) -> int:
-        """Restore every original this registry displaced (top layers first); return how many."""
+        """Restore every original this registry displaced (top layers first); return how many.
+
+        All or nothing: when one install cannot be released (someone patched over it), nothing is.
+        """
         restored = 0
         with _LOCK:
             self._purge()
+            sites = [s for s in self._sites.values() if s.layers and s.ref() is not None]
+            _check_release([la for s in sites for la in reversed(s.layers) for _ in range(la.count)])
             self._cancel(self._pending)
-            for site in list(self._sites.values()):
-                while site.layers and site.ref() is not None:
+            for site in sites:
+                while site.layers:
                     layer = site.layers[-1]
-                    _check_release([layer] * layer.count)
                     self._uninstall(layer)
                     layer.count = 0
                     restored += 1
@@ -1173,7 +1180,10 @@ def _check_release(layers: list[_Layer]) -> None:
     counts: dict[_Layer, int] = {}
     tops: dict[_Site, list[_Layer]] = {}
     for layer in layers:
-        left = counts[layer] = counts.get(layer, layer.count) - 1
+        have = counts.get(layer, layer.count)
+        if have <= 0:  # its users were released already (e.g. by revert(patch)): _release skips it too
+            continue
+        left = counts[layer] = have - 1
         if left > 0:
             continue
         site = layer.site

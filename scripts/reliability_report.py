@@ -109,7 +109,8 @@ FAULT_CLASSES = (
     FaultClass(
         "Random interleavings (Hypothesis stateful)",
         "apply / revert / enter / exit (any order) / raise inside with / revert_all over 4 overlapping sets and "
-        "every target kind, checked against a model of layer stacks and counts after every step",
+        "every target kind, checked against a model of layer stacks and counts after every step; the same over "
+        "two registries on the same targets, with revert by patch, checkpoint and rollback",
         "test_stateful",
         (
             ("stateful.examples", "examples"),
@@ -117,6 +118,11 @@ FAULT_CLASSES = (
             ("stateful.conflicts", "conflicts refused"),
             ("stateful.refused_reverts", "out-of-order reverts refused"),
             ("stateful.refused_exits", "out-of-order exits refused"),
+            ("stateful2.steps", "two-registry steps checked"),
+            ("stateful2.cross_conflicts", "cross-registry conflicts refused"),
+            ("stateful2.same_patch_stacks", "same patch stacked across registries"),
+            ("stateful2.refused_under_other", "releases under the other registry's layer refused"),
+            ("stateful2.rollbacks", "rollbacks"),
         ),
     ),
     FaultClass(
@@ -144,6 +150,13 @@ FINDINGS = """\
 4. **A list of patches skipped the PatchSet checks.** `apply([Patch("a", ...), Patch("a", ...)])`
    installed two patches with one name; a list now gets the same checks as a `PatchSet`
    (`test_bad_input.py::test_bad_input[list-duplicate-names]`).
+5. **Across registries (found by the two-registry machine, after registries learnt to see each other's
+   installs).** A registry installing over its own layer took over the other registry's cover (the
+   same object installed by both), so the lower registry's revert wrote its original under a live
+   install; rollback after a release by patch raised `IndexError`; a refused `revert_all()` had already
+   restored the attributes it reached first. Fixed; `revert_all()` is all or nothing
+   (`test_stateful.py::test_install_over_own_layer_keeps_the_other_registrys_cover`,
+   `::test_rollback_after_a_release_by_patch`, `::test_refused_revert_all_changes_nothing`).
 
 ## Known limits (documented, not bugs of the promise)
 
@@ -157,7 +170,8 @@ FINDINGS = """\
   (`test_copying.py`) and an engine request.
 - **Reference-counted sharing can make individual releases impossible.** Two applies can each hold a
   layer that the other's layer sits on (sharing a patch installed by a third, since-released apply);
-  both reverts are refused (nothing changes) and `revert_all()` restores everything.
+  both reverts are refused (nothing changes) and `revert_all()` restores everything (it refuses, all
+  or nothing, only under another registry's or foreign code's install).
 """
 
 

@@ -4,18 +4,32 @@ The machine keeps a model of the registry (per attribute, a stack of ``[patch, c
 layers) and of every apply's claim. After each step the registry's active installs
 equal the model (same patches, same order per attribute, same counts); whenever the
 model is empty, every namespace is identical (``is``) to the start.
+
+``TwoRegistryMachine`` spreads the same operations (and revert by patch, checkpoint and
+rollback) over two registries on the same targets. Its model is one stack of layers per
+attribute shared by both registries, each layer owned by one registry: a registry shares its
+own layer of a patch (counts per registry), a replace goes on an empty attribute or on the
+other registry's install of the same patch (otherwise it conflicts), and only the top layer of
+an attribute can be removed (a release under another registry's layer is refused, nothing
+changed). After each step each registry's installs equal its layers in the model, and what
+every patched attribute returns when called is the model's stack folded bottom up.
+The three engine bugs it found (a cover taken over by the upper registry's own next layer,
+rollback after a release by patch, a refused revert_all that had changed some attributes) are
+fixed; the tests at the end keep them fixed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import Any
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from patchreg import Patch, PatchConflictError, PatchOwnershipError, PatchSet, Registry, Report
+from patchreg import Checkpoint, Patch, PatchConflictError, PatchOwnershipError, PatchSet, Registry, Report
 from tests.reliability import targets
 from tests.reliability.helpers import FIGURES, Namespaces, plain, tagging
 
@@ -231,3 +245,390 @@ class RegistryMachine(RuleBasedStateMachine):
 
 TestRegistryMachine = RegistryMachine.TestCase
 TestRegistryMachine.settings = settings(max_examples=200, stateful_step_count=50, deadline=None)
+
+
+# -- two registries on the same targets ------------------------------------------------------------
+
+
+class Layer:
+    """One install in the model: a registry's layer of a patch on one attribute, with its user count."""
+
+    __slots__ = ("count", "patch", "reg", "site")
+
+    def __init__(self, reg: int, patch: str, site: str) -> None:
+        self.reg, self.patch, self.site, self.count = reg, patch, site, 1
+
+    def __repr__(self) -> str:
+        return f"{'ab'[self.reg]}:{self.patch}x{self.count}"
+
+
+class Claim:
+    """The layers one apply took (one user each), in order; released once."""
+
+    __slots__ = ("layers", "reg", "released")
+
+    def __init__(self, reg: int, layers: list[Layer]) -> None:
+        self.reg, self.layers, self.released = reg, layers, False
+
+
+#: site -> (what calling the patched attribute returns now, what the original returns now)
+PROBES: dict[str, tuple[Any, Any]] = {
+    "targets.module_func": (lambda leaf: targets.module_func(1), lambda leaf: 2),
+    "Child.method": (lambda leaf: targets.Child().method(), lambda leaf: "method"),
+    "Child.static": (lambda leaf: targets.Child.static(3), lambda leaf: 6),
+    "Child.klass": (lambda leaf: targets.Child.klass(), lambda leaf: "klass"),
+    "Child.inherited": (lambda leaf: targets.Child().inherited(), lambda leaf: "base-inherited"),
+    "Child.prop": (lambda leaf: targets.Child().prop, lambda leaf: "prop"),
+    "Leaf.tag": (lambda leaf: leaf.tag() if callable(leaf.tag) else leaf.tag, lambda leaf: "leaf"),
+    "Leaf.forward": (lambda leaf: leaf.forward(1), lambda leaf: (leaf.tag, 1)),
+    "Leaf.backward": (lambda leaf: leaf.backward(1), lambda leaf: (leaf.tag, -1)),
+}
+REGS = st.integers(0, 1)
+
+
+class TwoRegistryMachine(RuleBasedStateMachine):
+    """Random interleavings over two registries against one model of per-attribute layer stacks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.regs = [Registry("stateful-a"), Registry("stateful-b")]
+        self.leaf = targets.Leaf()
+        self.spaces = Namespaces([targets, targets.Base, targets.Child, targets.Leaf, self.leaf])
+        self.stacks: dict[str, list[Layer]] = {}  # site -> layers of both registries, bottom first
+        self.reports: list[tuple[Report, Claim]] = []  # applies not reverted yet (maybe rolled back)
+        self.blocks: list[tuple[Any, Claim]] = []  # entered patched() blocks not exited yet
+        self.checkpoints: dict[int, tuple[Checkpoint, list[Claim]]] = {}  # per registry: the applies since
+        self.why = ""  # what the model's last prediction turned on (counted once the registry agreed)
+
+    # -- the model ----------------------------------------------------------------------------
+
+    def _model_apply(self, reg: int, patches: PatchSet) -> Claim | None:
+        """The claim an apply takes, updating the model; None (model unchanged) on a conflict."""
+        self.why = ""
+        stacks = {site: stack[:] for site, stack in self.stacks.items()}
+        shared: list[Layer] = []
+        taken = []
+        for patch in patches:
+            stack = stacks.setdefault(PATCHES[patch.name][1], [])
+            own = next((la for la in stack if la.reg == reg and la.patch == patch.name), None)
+            if own is not None:  # counted, wherever it is
+                shared.append(own)
+                taken.append(own)
+                continue
+            if patch.kind == "replace" and stack:
+                # two replaces on one attribute conflict, as does a replace over a wrap; the same
+                # patch over the other registry's install of it stacks
+                if any(la.reg == reg for la in stack):
+                    self.why = "own_conflicts"
+                    return None
+                if stack[-1].patch != patch.name:
+                    self.why = "cross_conflicts"
+                    return None
+            if stack and stack[-1].reg != reg:  # on the other registry's layer: a wrap, or the same patch
+                self.why = "same_patch_stacks" if stack[-1].patch == patch.name else "cross_stacks"
+            layer = Layer(reg, patch.name, PATCHES[patch.name][1])
+            stack.append(layer)
+            taken.append(layer)
+        for layer in shared:
+            layer.count += 1
+        self.stacks = stacks
+        claim = Claim(reg, taken)
+        if reg in self.checkpoints:
+            self.checkpoints[reg][1].append(claim)
+        return claim
+
+    def _model_release(self, claims: list[Claim]) -> int | None:
+        """Release the claims (each last taken first) all or nothing; the restores, or None if refused."""
+        self.why = ""
+        stacks = {site: stack[:] for site, stack in self.stacks.items()}
+        counts: dict[Layer, int] = {}
+        restores = 0
+        for claim in claims:
+            if claim.released:
+                continue
+            for layer in reversed(claim.layers):
+                left = counts.get(layer, layer.count)
+                if left > 1:
+                    counts[layer] = left - 1
+                elif left == 1:
+                    above = stacks[layer.site][-1]
+                    if above is not layer:  # another layer (either registry's) sits on it
+                        self.why = "refused_under_own" if above.reg == layer.reg else "refused_under_other"
+                        return None
+                    stacks[layer.site].pop()
+                    counts[layer] = 0
+                    restores += 1
+        for layer, left in counts.items():
+            layer.count = left
+        for claim in claims:
+            claim.released = True
+        self.stacks = {site: stack for site, stack in stacks.items() if stack}
+        return restores
+
+    def _own(self, reg: int, name: str) -> Layer | None:
+        return next((la for la in self.stacks.get(PATCHES[name][1], []) if la.reg == reg and la.patch == name), None)
+
+    def _count(self, key: str) -> None:
+        for name in (key, self.why) if self.why else (key,):
+            FIGURES[f"stateful2.{name}"] = FIGURES.get(f"stateful2.{name}", 0) + 1
+        self.why = ""
+
+    # -- rules --------------------------------------------------------------------------------
+
+    @rule(reg=REGS, which=st.sampled_from(SETS))
+    def apply(self, reg: int, which: PatchSet) -> None:
+        expected = self._model_apply(reg, which)
+        try:
+            report = self.regs[reg].apply(which, self.leaf)
+        except PatchConflictError:
+            assert expected is None, f"apply({which.name}) in {reg} conflicted, the model did not"
+            self._count("conflicts")
+            return
+        assert expected is not None, f"apply({which.name}) in {reg} should have conflicted"
+        self.reports.append((report, expected))
+        self._count("applies")
+
+    @precondition(lambda self: self.reports)
+    @rule(data=st.data())
+    def revert(self, data: st.DataObject) -> None:
+        index = data.draw(st.integers(0, len(self.reports) - 1), label="report")
+        report, claim = self.reports[index]
+        expected = self._model_release([claim])
+        try:
+            restored = self.regs[claim.reg].revert(report)
+        except PatchOwnershipError:
+            assert expected is None, "revert refused, the model allowed it"
+            self._count("refused_reverts")
+            return
+        assert expected is not None, "revert succeeded under another layer"
+        assert restored == expected
+        del self.reports[index]
+        self._count("reverts")
+
+    @rule(reg=REGS, name=st.sampled_from(sorted(PATCHES)))
+    def revert_patch(self, reg: int, name: str) -> None:
+        """revert(patch, leaf): one user of this registry's layer of the patch, if it has one."""
+        layer = self._own(reg, name)
+        expected = 0 if layer is None else self._model_release([Claim(reg, [layer])])
+        try:
+            restored = self.regs[reg].revert(PATCHES[name][0], self.leaf)
+        except PatchOwnershipError:
+            assert expected is None, "revert(patch) refused, the model allowed it"
+            self._count("refused_reverts")
+            return
+        assert restored == expected, f"revert({name}) in {reg} restored {restored}, the model said {expected}"
+        self._count("patch_reverts")
+
+    @rule(reg=REGS, which=st.sampled_from(SETS))
+    def enter(self, reg: int, which: PatchSet) -> None:
+        block = self.regs[reg].patched(which, self.leaf)
+        expected = self._model_apply(reg, which)
+        try:
+            block.__enter__()
+        except PatchConflictError:
+            assert expected is None
+            self._count("conflicts")
+            return
+        assert expected is not None
+        self.blocks.append((block, expected))
+        self._count("enters")
+
+    @precondition(lambda self: self.blocks)
+    @rule(data=st.data())
+    def exit(self, data: st.DataObject) -> None:
+        index = data.draw(st.integers(0, len(self.blocks) - 1), label="block")  # any order, either registry
+        block, claim = self.blocks[index]
+        expected = self._model_release([claim])
+        try:
+            block.__exit__(None, None, None)
+        except PatchOwnershipError:
+            assert expected is None
+            self._count("refused_exits")
+            return
+        assert expected is not None
+        del self.blocks[index]
+        self._count("exits")
+
+    @rule(reg=REGS, which=st.sampled_from(SETS))
+    def raise_inside_with(self, reg: int, which: PatchSet) -> None:
+        block = self.regs[reg].patched(which, self.leaf)
+        claim = self._model_apply(reg, which)
+        released = claim is not None and self._model_release([claim]) is not None
+        try:
+            with block:
+                raise Boom
+        except PatchConflictError:
+            assert claim is None
+            self._count("conflicts")
+        except PatchOwnershipError as exc:
+            assert claim is not None and not released
+            assert isinstance(exc.__context__, Boom)
+            self.blocks.append((block, claim))  # its report stays: exiting it later retries
+            self._count("refused_exits")
+        except Boom:
+            assert released
+            self._count("raised_inside_with")
+
+    @precondition(lambda self: len(self.checkpoints) < 2)
+    @rule(reg=REGS)
+    def checkpoint(self, reg: int) -> None:
+        self.checkpoints[reg] = (self.regs[reg].checkpoint(), [])  # one it replaces is dropped (stops recording)
+        self._count("checkpoints")
+
+    @precondition(lambda self: self.checkpoints)
+    @rule(data=st.data(), forget=st.booleans())
+    def rollback(self, data: st.DataObject, forget: bool) -> None:
+        reg = data.draw(st.sampled_from(sorted(self.checkpoints)), label="registry")
+        checkpoint, since = self.checkpoints[reg]
+        expected = self._model_release(since[::-1])
+        try:
+            restored = self.regs[reg].rollback(checkpoint)
+        except PatchOwnershipError:
+            assert expected is None, "rollback refused, the model allowed it"
+            self._count("refused_rollbacks")
+            return
+        assert expected is not None, "rollback succeeded under another registry's layer"
+        assert restored == expected
+        since.clear()
+        if forget:  # dropped: applies from now on are not recorded
+            del self.checkpoints[reg]
+        self._count("rollbacks")
+
+    @precondition(lambda self: len(self.reports) + len(self.blocks) >= 4)
+    @rule(reg=REGS)
+    def revert_all(self, reg: int) -> None:
+        """Every layer of one registry: allowed when none has the other registry's layer above it."""
+        blocked = any(
+            la.reg == reg and any(up.reg != reg for up in stack[i + 1 :])
+            for stack in self.stacks.values()
+            for i, la in enumerate(stack)
+        )
+        before = {site: stack[:] for site, stack in self.stacks.items()}
+        try:
+            restored = self.regs[reg].revert_all()
+        except PatchOwnershipError:
+            assert blocked, "revert_all refused, the model allowed it"  # and nothing changed: the invariants
+            self._count("refused_revert_alls")
+            return
+        assert not blocked, "revert_all succeeded under the other registry's layer"
+        assert restored == sum(la.reg == reg for stack in before.values() for la in stack)
+        for stack in before.values():
+            for la in stack:
+                if la.reg == reg:
+                    la.count = 0
+        self.stacks = {s: kept for s, stack in before.items() if (kept := [la for la in stack if la.reg != reg])}
+        self._count("revert_alls")
+
+    # -- invariants ---------------------------------------------------------------------------
+
+    @invariant()
+    def registries_match_model(self) -> None:
+        for reg, registry in enumerate(self.regs):
+            seen: dict[str, list[list[Any]]] = {}
+            for entry in registry.active():
+                owner = entry.holder.split("@")[0].rsplit(".", 1)[-1]
+                seen.setdefault(f"{owner}.{entry.attr}", []).append([entry.patch, entry.count])
+            mine = {s: [[la.patch, la.count] for la in stack if la.reg == reg] for s, stack in self.stacks.items()}
+            assert seen == {s: layers for s, layers in mine.items() if layers}, f"registry {reg}"
+
+    @invariant()
+    def attributes_behave_as_stacked(self) -> None:
+        """Each attribute's stack, bottom up: a replace returns its name, a wrap tags what is below it."""
+        for site, (observe, original) in PROBES.items():
+            expected = original(self.leaf)
+            for layer in self.stacks.get(site, []):
+                kind = PATCHES[layer.patch][0].kind
+                expected = layer.patch if kind == "replace" else (layer.patch[0], expected)
+            assert observe(self.leaf) == expected, f"{site}: {self.stacks.get(site)}"
+
+    @invariant()
+    def pristine_when_nothing_active(self) -> None:
+        self._count("steps")
+        if not self.stacks:
+            self.spaces.check()
+
+    def teardown(self) -> None:
+        try:  # release every top layer one user at a time, by patch, through the registry that holds it
+            while self.stacks:
+                site, stack = next(iter(self.stacks.items()))
+                top = stack[-1]
+                for _ in range(top.count):
+                    self.regs[top.reg].revert(PATCHES[top.patch][0], self.leaf)
+                stack.pop()
+                if not stack:
+                    del self.stacks[site]
+        finally:  # after a failure: leave the targets clean for the rest of the suite (whatever is on top first)
+            for _ in range(64):
+                if all(registry.active() == () for registry in self.regs):
+                    break
+                for registry in self.regs:
+                    for entry in registry.active():
+                        with contextlib.suppress(PatchOwnershipError):
+                            registry.revert(PATCHES[entry.patch][0], self.leaf)
+        assert all(registry.active() == () for registry in self.regs)
+        self.spaces.check()
+        self._count("examples")
+
+
+TestTwoRegistryMachine = TwoRegistryMachine.TestCase
+TestTwoRegistryMachine.settings = settings(max_examples=200, stateful_step_count=50, deadline=None)
+
+
+def test_refused_revert_all_changes_nothing(pristine: Any) -> None:
+    """revert_all() refused under another registry's layer says "Nothing was changed"; found by the machine above."""
+    one, two = Registry("one"), Registry("two")
+    d_method, d_func = PATCHES["d-method"][0], PATCHES["d-func"][0]
+    try:
+        one.apply(_set("D", "d-method", "d-func"))  # one's attributes: Child.method, then module_func
+        two.apply(d_func)  # the same patch stacks over one's install on module_func
+        with pytest.raises(PatchOwnershipError, match="Nothing was changed"):
+            one.revert_all()
+        assert [e.patch for e in one.active()] == ["d-method", "d-func"]
+        assert vars(targets.Child)["method"] is d_method.replacement
+    finally:
+        two.revert_all()
+        one.revert_all()
+    pristine()
+
+
+def test_install_over_own_layer_keeps_the_other_registrys_cover(pristine: Any) -> None:
+    """The same replace stacked by two registries: the upper one wraps over its layer and unwraps; found by the machine.
+
+    The lower registry's revert is then allowed and writes the original under the upper one's live install,
+    whose own revert is refused from then on.
+    """
+    one, two = Registry("one"), Registry("two")
+    d_func, wrap = PATCHES["d-func"][0], PATCHES["a-func-wrap"][0]
+    original = vars(targets)["module_func"]
+    refused = False
+    try:
+        one.apply(d_func)
+        two.apply(d_func)  # the same patch stacks over one's install
+        two.revert(two.apply(wrap))  # over two's own layer, and off again
+        try:
+            one.revert(d_func)  # two's d-func still sits on it
+        except PatchOwnershipError:
+            refused = True
+    finally:
+        if not refused:  # two's layer no longer sees its install: put it back so that it can be released
+            targets.module_func = d_func.replacement
+        two.revert_all()
+        one.revert_all()
+        targets.module_func = original
+    assert refused
+    pristine()
+
+
+def test_rollback_after_a_release_by_patch(pristine: Any) -> None:
+    """Two applies of one patch since a checkpoint, one user released by patch: rollback releases the other."""
+    registry = Registry("one")
+    d_func = PATCHES["d-func"][0]
+    try:
+        checkpoint = registry.checkpoint()
+        registry.apply(d_func)
+        registry.apply(d_func)
+        assert registry.revert(d_func) == 0  # one user left
+        assert registry.rollback(checkpoint) == 1
+    finally:
+        registry.revert_all()
+    pristine()
