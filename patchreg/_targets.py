@@ -411,7 +411,7 @@ def _traced_get(holder: Any, name: str, reads: list[tuple[Any, ...]]) -> Any:
         value = getattr(holder, name, _UNSET)
         if value is _UNSET:
             return _UNSET
-        for key, inner in ns.items():
+        for key, inner in list(ns.items()):  # a copy: another thread may install into this __dict__ meanwhile
             if isinstance(inner, dict) and inner.get(name, _UNSET) is value:
                 mapping = key
                 break

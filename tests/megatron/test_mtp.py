@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import sys
 import threading
+import traceback
 import weakref
 from typing import Any
 
@@ -293,15 +294,15 @@ def test_one_instance_shared_by_threads() -> None:
     model = build_gpt()
     before = dict(vars(model))
     shared = mtp_patched(model, detach_encoder=True)
-    errors: list[BaseException] = []
+    errors: list[str] = []
 
     def work() -> None:
         try:
             for _ in range(300):
                 with shared as report:
                     assert report.active
-        except BaseException as exc:
-            errors.append(exc)
+        except BaseException:
+            errors.append(traceback.format_exc())
 
     switch = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)  # switch threads as often as possible
@@ -313,7 +314,7 @@ def test_one_instance_shared_by_threads() -> None:
             thread.join()
     finally:
         sys.setswitchinterval(switch)
-    assert errors == []
+    assert errors == [], "\n".join(errors)
     assert shared._entered == {}
     assert not patchreg.registry.is_active("postprocess_detached", model)
     assert vars(model).keys() == before.keys() and all(vars(model)[k] is v for k, v in before.items())

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 import patchreg
@@ -151,8 +154,15 @@ GREET = Patch("greet", "late_mod_guard_xyz:greet", lambda: "patched")
 """
 
 
+def _importable_in_a_subprocess(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checkout on PYTHONPATH: a subprocess imports this patchreg, and finds its plugin entry point (the
+    checkout's egg-info) where patchreg is not installed (the matrix lanes)."""
+    root = str(Path(patchreg.__file__).resolve().parents[1])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p))
+
+
 def test_lazy_patch_of_a_wider_fixture_is_not_blamed_when_a_test_imports_its_module(
-    pytester: pytest.Pytester,
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A lazy patch a module-scoped fixture holds turns from pending to active on the test's import: no leak."""
     pytester.makepyfile(late_mod_guard_xyz='def greet():\n    return "hello"\n')
@@ -177,12 +187,15 @@ def test_after(held):
     assert importlib.import_module("late_mod_guard_xyz").greet() == "patched"
 '''
     )
+    _importable_in_a_subprocess(monkeypatch)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")  # its own sys.meta_path for wrapt's hook
     result.assert_outcomes(passed=2)
     assert "test left patches active" not in result.stdout.str()
 
 
-def test_lazy_patch_a_test_leaves_pending_or_fired_is_blamed(pytester: pytest.Pytester) -> None:
+def test_lazy_patch_a_test_leaves_pending_or_fired_is_blamed(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A lazy patch the test itself applies and leaves (pending, or fired by its import) is a leak."""
     pytester.makepyfile(late_mod_guard_xyz='def greet():\n    return "hello"\n')
     pytester.makepyfile(
@@ -200,6 +213,7 @@ def test_fires_and_leaves_it():
     assert importlib.import_module("late_mod_guard_xyz").greet() == "patched"
 '''
     )
+    _importable_in_a_subprocess(monkeypatch)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=2, errors=2)
     result.stdout.fnmatch_lines(
