@@ -428,7 +428,7 @@ class Registry:
                     report = (
                         None
                         if found is None
-                        else self._apply_work(plan.name, *found, strict, warn, patches=[p for p, _r, _e in plan.items])
+                        else self._apply_work(plan.name, *found, strict, warn, patches=(p for p, _r, _e in plan.items))
                     )
                 if report is not None:
                     self._last = plan
@@ -784,7 +784,7 @@ class Registry:
                         continue
                 elif layer.owns(site.current()):
                     continue
-            _check_release([la for la in reversed(taken[:todo]) if la.count > 0 and la.site.ref() is not None])
+            _check_release(_to_release(report))
             break
         restored = 0
         debug = log.isEnabledFor(logging.DEBUG)
@@ -841,8 +841,7 @@ class Registry:
         """Remember this moment, for :meth:`rollback`: every apply from now on is recorded while it lives."""
         with _LOCK:
             self._purge()
-            counts = {la: la.count for s in self._sites.values() for la in s.layers}
-            checkpoint = Checkpoint(self, counts)
+            checkpoint = Checkpoint(self, sum(len(s.layers) for s in self._sites.values()))
             self._checkpoints.append(weakref.ref(checkpoint))
             return checkpoint
 
@@ -872,14 +871,7 @@ class Registry:
         with _LOCK:
             self._purge()
             reports = [r for r in reversed(checkpoint.reports) if not r._released]
-            _check_release(
-                [
-                    la
-                    for r in reports
-                    for la in reversed(r._layers[: len(r._layers) - r._done])
-                    if la.count > 0 and la.site.ref() is not None  # as _release checks them
-                ]
-            )
+            _check_release([la for r in reports for la in _to_release(r)])
             restored = sum(self._release(r) for r in reports)
             checkpoint.reports.clear()
             return restored
@@ -1030,15 +1022,15 @@ def answer_reason(patch: Patch) -> str:
 class Checkpoint:
     """One moment of a registry (see :meth:`Registry.checkpoint`): the applies made since, while it lives."""
 
-    __slots__ = ("__weakref__", "counts", "owner", "reports")
+    __slots__ = ("__weakref__", "installs", "owner", "reports")
 
-    def __init__(self, owner: Registry, counts: dict[_Layer, int]) -> None:
+    def __init__(self, owner: Registry, installs: int) -> None:
         self.owner = owner
-        self.counts = counts  # users per install at the checkpoint (its repr)
+        self.installs = installs  # how many installs there were (its repr); it holds none of them
         self.reports: list[Report] = []  # the applies made since, in order
 
     def __repr__(self) -> str:
-        return f"<Checkpoint of {len(self.counts)} install(s) in {self.owner.name!r}>"
+        return f"<Checkpoint of {self.installs} install(s) in {self.owner.name!r}>"
 
 
 class Patched:
@@ -1173,6 +1165,12 @@ def _check_compatible(patch: Patch, site: _Site, other: Patch | None = None, whe
         "revert one of them first, or make one a kind='wrap' patch (wraps stack)."
     )
     raise PatchConflictError(msg, patch=patch, target=patch.target)
+
+
+def _to_release(report: Report) -> list[_Layer]:
+    """The live layers ``report`` still holds a user of, in release order (last taken first)."""
+    taken = report._layers
+    return [la for la in reversed(taken[: len(taken) - report._done]) if la.count > 0 and la.site.ref() is not None]
 
 
 def _check_release(layers: list[_Layer]) -> None:
