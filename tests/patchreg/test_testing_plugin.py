@@ -154,21 +154,28 @@ GREET = Patch("greet", "late_mod_guard_xyz:greet", lambda: "patched")
 """
 
 
-def _importable_in_a_subprocess(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The checkout on PYTHONPATH: a subprocess imports this patchreg, and finds its plugin entry point (the
-    checkout's egg-info) where patchreg is not installed (the matrix lanes)."""
+def _run_late_tests(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tests: str) -> pytest.RunResult:
+    """Run ``tests`` (after LATE, beside a not yet imported module late_mod_guard_xyz) in a pytest subprocess.
+
+    A subprocess has its own ``sys.meta_path`` for wrapt's import hook. The checkout goes on PYTHONPATH: the
+    subprocess imports this patchreg, and finds its plugin entry point (the checkout's egg-info) where patchreg
+    is not installed (the matrix lanes).
+    """
+    pytester.makepyfile(late_mod_guard_xyz='def greet():\n    return "hello"\n')
+    pytester.makepyfile(test_late=LATE + tests)
     root = str(Path(patchreg.__file__).resolve().parents[1])
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p))
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider")
 
 
 def test_lazy_patch_of_a_wider_fixture_is_not_blamed_when_a_test_imports_its_module(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A lazy patch a module-scoped fixture holds turns from pending to active on the test's import: no leak."""
-    pytester.makepyfile(late_mod_guard_xyz='def greet():\n    return "hello"\n')
-    pytester.makepyfile(
-        test_late=LATE
-        + '''
+    result = _run_late_tests(
+        pytester,
+        monkeypatch,
+        '''
 @pytest.fixture(scope="module")
 def held():
     sys.modules.pop("late_mod_guard_xyz", None)
@@ -185,10 +192,8 @@ def test_imports_the_module(held):
 def test_after(held):
     """Still held, still not blamed."""
     assert importlib.import_module("late_mod_guard_xyz").greet() == "patched"
-'''
+''',
     )
-    _importable_in_a_subprocess(monkeypatch)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")  # its own sys.meta_path for wrapt's hook
     result.assert_outcomes(passed=2)
     assert "test left patches active" not in result.stdout.str()
 
@@ -197,10 +202,10 @@ def test_lazy_patch_a_test_leaves_pending_or_fired_is_blamed(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A lazy patch the test itself applies and leaves (pending, or fired by its import) is a leak."""
-    pytester.makepyfile(late_mod_guard_xyz='def greet():\n    return "hello"\n')
-    pytester.makepyfile(
-        test_late=LATE
-        + '''
+    result = _run_late_tests(
+        pytester,
+        monkeypatch,
+        '''
 def test_leaves_it_pending():
     """Applies lazily and never imports."""
     sys.modules.pop("late_mod_guard_xyz", None)
@@ -211,10 +216,8 @@ def test_fires_and_leaves_it():
     sys.modules.pop("late_mod_guard_xyz", None)
     patchreg.registry.apply(GREET, lazy=True)
     assert importlib.import_module("late_mod_guard_xyz").greet() == "patched"
-'''
+''',
     )
-    _importable_in_a_subprocess(monkeypatch)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=2, errors=2)
     result.stdout.fnmatch_lines(
         [

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -78,6 +79,37 @@ Model = dict[str, list[list[Any]]]  # site -> [[patch name, count], ...] bottom 
 
 class Boom(Exception):
     """Raised inside a with block by the machine."""
+
+
+def _enter(block: Any, expected: object, blocks: list[Any], count: Callable[[str], None]) -> None:
+    """Enter ``block``: a conflict where the model predicted none (``expected`` None), else kept to exit later."""
+    try:
+        block.__enter__()
+    except PatchConflictError:
+        assert expected is None
+        count("conflicts")
+        return
+    assert expected is not None
+    blocks.append((block, expected))
+    count("enters")
+
+
+def _raise_inside(block: Any, claim: object, released: bool, blocks: list[Any], count: Callable[[str], None]) -> None:
+    """Raise inside ``block``: a conflict on entry, a refused exit (the block stays, to be exited later), or released."""
+    try:
+        with block:
+            raise Boom
+    except PatchConflictError:
+        assert claim is None
+        count("conflicts")
+    except PatchOwnershipError as exc:
+        assert claim is not None and not released
+        assert isinstance(exc.__context__, Boom)
+        blocks.append((block, claim))  # its report stays: exiting it later retries
+        count("refused_exits")
+    except Boom:
+        assert released
+        count("raised_inside_with")
 
 
 class RegistryMachine(RuleBasedStateMachine):
@@ -164,16 +196,7 @@ class RegistryMachine(RuleBasedStateMachine):
     @rule(which=st.sampled_from(SETS))
     def enter(self, which: PatchSet) -> None:
         block = self.reg.patched(which, self.leaf)
-        expected = self._model_apply(which)
-        try:
-            block.__enter__()
-        except PatchConflictError:
-            assert expected is None
-            self._count("conflicts")
-            return
-        assert expected is not None
-        self.blocks.append((block, expected))
-        self._count("enters")
+        _enter(block, self._model_apply(which), self.blocks, self._count)
 
     @precondition(lambda self: self.blocks)
     @rule(data=st.data())
@@ -196,20 +219,7 @@ class RegistryMachine(RuleBasedStateMachine):
         block = self.reg.patched(which, self.leaf)
         claim = self._model_apply(which)
         released = claim is not None and self._model_release(claim)
-        try:
-            with block:
-                raise Boom
-        except PatchConflictError:
-            assert claim is None
-            self._count("conflicts")
-        except PatchOwnershipError as exc:
-            assert claim is not None and not released
-            assert isinstance(exc.__context__, Boom)
-            self.blocks.append((block, claim))  # its report stays: exiting it later retries
-            self._count("refused_exits")
-        except Boom:
-            assert released
-            self._count("raised_inside_with")
+        _raise_inside(block, claim, released, self.blocks, self._count)
 
     @precondition(lambda self: len(self.reports) + len(self.blocks) >= 4)
     @rule()
@@ -422,16 +432,7 @@ class TwoRegistryMachine(RuleBasedStateMachine):
     @rule(reg=REGS, which=st.sampled_from(SETS))
     def enter(self, reg: int, which: PatchSet) -> None:
         block = self.regs[reg].patched(which, self.leaf)
-        expected = self._model_apply(reg, which)
-        try:
-            block.__enter__()
-        except PatchConflictError:
-            assert expected is None
-            self._count("conflicts")
-            return
-        assert expected is not None
-        self.blocks.append((block, expected))
-        self._count("enters")
+        _enter(block, self._model_apply(reg, which), self.blocks, self._count)
 
     @precondition(lambda self: self.blocks)
     @rule(data=st.data())
@@ -454,20 +455,7 @@ class TwoRegistryMachine(RuleBasedStateMachine):
         block = self.regs[reg].patched(which, self.leaf)
         claim = self._model_apply(reg, which)
         released = claim is not None and self._model_release([claim]) is not None
-        try:
-            with block:
-                raise Boom
-        except PatchConflictError:
-            assert claim is None
-            self._count("conflicts")
-        except PatchOwnershipError as exc:
-            assert claim is not None and not released
-            assert isinstance(exc.__context__, Boom)
-            self.blocks.append((block, claim))  # its report stays: exiting it later retries
-            self._count("refused_exits")
-        except Boom:
-            assert released
-            self._count("raised_inside_with")
+        _raise_inside(block, claim, released, self.blocks, self._count)
 
     @precondition(lambda self: len(self.checkpoints) < 2)
     @rule(reg=REGS)
