@@ -226,12 +226,13 @@ class _Plan:
     """One Patch or PatchSet resolved on one object, re-used while its guards hold.
 
     ``items`` per patch: ``(patch, skip reason, entries)``: a predicate's skip (valid until
-    ``refresh()``), or entries ``(site, holder type, class value, bind mode)`` of a traced selector,
+    ``refresh()``), or entries ``(site, holder type, class read, bind mode)`` of a traced selector,
     or None for a patch resolved at every apply (import paths, misses, walks guards cannot follow).
-    The class value is ``getattr(holder type, attr)`` when planned: an entry is stale once it is not
-    that object (the method deleted from the class, or replaced); an attribute whose class value is
-    not the same object on every read (a ``classmethod``) leaves its patch resolved at every apply.
-    Everything is held weakly: a plan never keeps its object alive, and goes with it.
+    The class read (:func:`_class_read`) is the attribute as the holder's class stores it when planned:
+    an entry is stale once the class stores something else (the method deleted, replaced, re-wrapped
+    as a ``staticmethod``, or shadowed by a class earlier in the MRO).
+    The object and its holders are held weakly (their classes strongly): a plan never keeps its
+    object alive, and goes with it.
     """
 
     __slots__ = (
@@ -250,8 +251,8 @@ class _Plan:
     )
 
     #: every planned install, when all are:
-    #: (patch, site, holder type, class value, bind mode, attr, replacement, site.layers)
-    flat: tuple[tuple[Patch, _Site, type, Any, int, str, Any, list[_Layer]], ...] | None
+    #: (patch, site, holder type, *class read, bind mode, attr, replacement, site.layers)
+    flat: tuple[tuple[Patch, _Site, type, Any, Any, Any, Any, int, str, Any, list[_Layer]], ...] | None
     skipped: tuple[tuple[str, str], ...]  # the predicate skips
     gen: int
     holds: Callable[[], bool]  # the guards as one check: True while resolving again would find the same holders
@@ -286,15 +287,11 @@ class _Plan:
                 for holder, attr in traced[0]:
                     site = registry._sites.get((identity(holder), attr))
                     kind = type(holder)
-                    try:  # what an apply compares (one getattr): only an attribute that reads the same each time
-                        known = getattr(kind, attr, ABSENT)
-                        stable = known is not ABSENT and getattr(kind, attr, ABSENT) is known
-                    except Exception:  # a metaclass's descriptor: user code
-                        stable = False
-                    if site is None or site.ref() is not holder or not stable:
+                    seen = _class_read(kind, attr)  # what an apply compares: the class attribute as stored
+                    if site is None or site.ref() is not holder or seen[3] is ABSENT:
                         entries = None
                         break
-                    entries.append((site, kind, known, _bind_mode(patch, site, holder)))
+                    entries.append((site, kind, seen, _bind_mode(patch, site, holder)))
             if entries is not None:
                 reads.extend(traced[1][0])  # type: ignore[index]
                 walks.extend(traced[1][1])  # type: ignore[index]
@@ -304,9 +301,9 @@ class _Plan:
         plan.skipped = tuple((p.name, reason) for p, reason, _e in items if reason is not None)
         planned = all(reason is not None or entries is not None for _p, reason, entries in items)
         flat = [
-            (p, site, cls, known, mode, site.attr, p.replacement, site.layers)
+            (p, site, cls, *seen, mode, site.attr, p.replacement, site.layers)
             for p, _r, entries in items
-            for site, cls, known, mode in entries or ()
+            for site, cls, seen, mode in entries or ()
         ]
         plan.flat = tuple(flat) if planned else None
         plan.gen, plan.name, plan.plans, plan.key = gen, name, registry._plans, _plan_key(target, obj)
@@ -345,14 +342,37 @@ class _Plan:
                 else:
                     work.extend((patch, holder, attr) for holder, attr in found)
             else:
-                for site, cls, known, mode in entries:
+                for site, cls, seen, mode in entries:
                     holder, attr = site.ref(), site.attr
-                    if type(holder) is not cls or getattr(cls, attr, ABSENT) is not known:  # died, class swapped
-                        return None  # or the class's attribute changed (deleted, replaced)
+                    if type(holder) is not cls or _class_changed(cls, attr, *seen):  # died, class swapped, or
+                        return None  # the class's attribute changed (deleted, replaced, shadowed)
                     if not mode or attr in holder.__dict__:  # not the clean case: the checks of a first apply
                         _check_patchable(patch, holder, attr)
                     work.append((patch, holder, attr))
         return work, skipped
+
+
+def _class_read(cls: type, attr: str) -> tuple[tuple[type, ...], tuple[Any, ...], Any, Any]:
+    """``(MRO, namespaces above the owner, owner's namespace, value)``: ``attr`` as ``cls`` stores it.
+
+    The namespaces are the classes' live ``vars`` views: :func:`_class_changed` re-reads them without
+    running any descriptor (``getattr`` on a class would, and cannot tell ``f`` from ``staticmethod(f)``).
+    """
+    mro = cls.__mro__
+    above: list[Any] = []
+    for klass in mro:
+        view = vars(klass)
+        if attr in view:
+            return mro, tuple(above), view, view[attr]
+        above.append(view)
+    return mro, (), vars(cls), ABSENT
+
+
+def _class_changed(cls: type, attr: str, mro: tuple[type, ...], above: tuple[Any, ...], view: Any, raw: Any) -> bool:
+    """True when ``cls`` no longer stores ``attr`` as :func:`_class_read` found it."""
+    if view.get(attr, ABSENT) is not raw:
+        return True
+    return bool(above) and (cls.__mro__ is not mro or any(attr in v for v in above))
 
 
 def _none() -> None:
@@ -482,10 +502,14 @@ class Registry:
             now = time.time()
             debug = log.isEnabledFor(logging.DEBUG)
             try:
-                for patch, site, cls, known, mode, attr, replacement, stack in plan.flat:  # type: ignore[union-attr]
+                for patch, site, cls, mro, above, view, raw, mode, attr, replacement, stack in plan.flat:  # type: ignore[union-attr]
                     holder = site.ref()
-                    if type(holder) is not cls or getattr(cls, attr, ABSENT) is not known:  # died (None), class
-                        raise _Stale  # swapped, or the class's attribute changed (deleted, replaced): resolve again
+                    if (  # died (None), class swapped, or the class's attribute changed (deleted, replaced, shadowed)
+                        type(holder) is not cls
+                        or view.get(attr, ABSENT) is not raw
+                        or (above and _class_changed(cls, attr, mro, above, view, raw))
+                    ):
+                        raise _Stale  # resolve again
                     ns = holder.__dict__
                     if mode and not stack and attr not in ns:  # the clean case, checked when planned
                         value = replacement if mode == _PLAIN else _MethodType(replacement, holder)
@@ -813,6 +837,8 @@ class Registry:
         original = layer.original
         if site.current() is not original:  # already there (put back by someone, or a write that raised): no write
             _put_back(site, holder, original)
+            if site.current() is not original:  # a __setattr__ (a metaclass's, a module's) stored something else
+                _put_back(site, holder, original, raw=True)
         site.layers.pop()  # after the restore: an interrupt loses nothing
         layer.original = None
         if debug:
@@ -1087,20 +1113,9 @@ def _check_patchable(patch: Patch, holder: Any, attr: str) -> None:
                 "has no __dict__ (__slots__); patch the class with an import path instead."
             )
             raise UnpatchableTargetError(msg, patch=patch, target=patch.target)
-        if not _verified(type(holder), attr):
-            _check_instance_class(patch, type(holder), attr)
+        _check_instance_class(patch, type(holder), attr)
     if patch.kind == "wrap":
         _check_wrappable(patch, holder, attr)
-
-
-#: Classes whose instances were found patchable for an attribute: identity(cls) -> (weakref, {attr: raw
-#: class attribute}). Cleared by patchreg.refresh() (after changing a class's descriptors).
-_VERIFIED: dict[int, tuple[weakref.ref[type], dict[str, Any]]] = {}
-
-
-def _verified(cls: type, attr: str) -> bool:
-    entry = _VERIFIED.get(identity(cls))
-    return entry is not None and attr in entry[1] and entry[0]() is cls
 
 
 def _check_instance_class(patch: Patch, cls: type, attr: str) -> None:
@@ -1118,17 +1133,6 @@ def _check_instance_class(patch: Patch, cls: type, attr: str) -> None:
             f"patch the class with '{cls.__module__}:{cls.__qualname__}.{attr}'."
         )
         raise UnpatchableTargetError(msg, patch=patch, target=patch.target)
-    entry = _VERIFIED.get(identity(cls))
-    if entry is None or entry[0]() is not cls:
-        entry = _VERIFIED[identity(cls)] = (weakref.ref(cls), {})
-    entry[1][attr] = raw
-
-
-def _forget_verified() -> None:
-    _VERIFIED.clear()
-
-
-on_refresh(_forget_verified)
 
 
 def _check_wrappable(patch: Patch, holder: Any, attr: str) -> None:
@@ -1254,8 +1258,7 @@ def _bind_like(value: Any, holder: Any, attr: str, original: Any) -> Any:
     if original is not ABSENT:  # something already in vars(instance): bind only if it is our method
         bound = getattr(original, "__self__", None) is holder and callable(original)
         return value.__get__(holder, cls) if bound and hasattr(value, "__get__") else value
-    entry = _VERIFIED.get(identity(cls))
-    raw = entry[1].get(attr, ABSENT) if entry is not None and entry[0]() is cls else class_attr(cls, attr, ABSENT)
+    raw = class_attr(cls, attr, ABSENT)
     if type(raw) is types.FunctionType:
         return value.__get__(holder, cls) if hasattr(value, "__get__") else value
     if isinstance(raw, staticmethod):
@@ -1271,8 +1274,6 @@ def _write(site: _Site, holder: Any, value: Any) -> None:
     if site.kind == "instance":
         vars(holder)[site.attr] = value
     else:
-        if site.kind == "class":
-            _VERIFIED.clear()  # a class (or a base) changed: what instances of it may take is checked again
         setattr(holder, site.attr, value)
 
 
@@ -1282,8 +1283,6 @@ def _put_back(site: _Site, holder: Any, original: Any, *, raw: bool = False) -> 
     ``raw``: past any ``__setattr__``/``__delattr__`` of a metaclass or module class (to undo a write one changed).
     """
     kind, attr = site.kind, site.attr
-    if kind == "class":
-        _VERIFIED.clear()  # a class (or a base) changed: what instances of it may take is checked again
     if kind == "instance" or (raw and kind == "module"):
         if original is ABSENT:
             vars(holder).pop(attr, None)

@@ -419,7 +419,7 @@ def test_a_method_replaced_on_the_class_replans() -> None:
     assert snapshot(leaf) == before and leaf.forward(1) == "static"
 
 
-def test_a_class_attribute_read_anew_each_time_is_resolved_at_every_apply() -> None:
+def test_a_classmethod_is_planned_by_what_the_class_stores() -> None:
     class Leaf:
         @classmethod
         def forward(cls, x: int) -> tuple[str, int]:  # getattr(Leaf, "forward"): a new bound method each time
@@ -429,14 +429,45 @@ def test_a_class_attribute_read_anew_each_time_is_resolved_at_every_apply() -> N
     m = Node("model", mtp=Node("mtp", layers=Layers(leaf)))
     planned_alone(registry, m, FORWARD)
     (plan,) = registry._plans.values()
-    assert plan.flat is None and plan.items[0][2] is None  # no class value to compare: not planned
+    assert plan.flat is not None  # the stored classmethod is the same object at every apply
     for _ in range(2):
         with registry.patched(FORWARD, m) as report:
             assert report.installed == 1 and leaf.forward(1) == "patched"  # type: ignore[comparison-overlap]
         assert vars(leaf) == {} and leaf.forward(1) == ("Leaf", 1)
+        assert registry._plans.get(plan.key) is plan
     del Leaf.forward
     with registry.patched(FORWARD, m) as report:
         assert report.installed == 0 and vars(leaf) == {}
+
+
+def _args(*args: Any) -> int:
+    return len(args)
+
+
+@pytest.mark.parametrize("where", ["own class", "subclass"])
+def test_a_function_rewrapped_as_staticmethod_replans(where: str) -> None:
+    """``staticmethod(f)`` over ``f`` reads the same through getattr; the plan still binds as a fresh apply does."""
+
+    class Base:
+        forward = _args
+
+    class Leaf(Base):
+        pass
+
+    owner = Base if where == "own class" else Leaf  # the subclass shadows the base's attribute
+    registry, leaf = Registry("t"), Leaf()
+    m = Node("model", mtp=Node("mtp", layers=Layers(leaf)))
+    counting = Patch("forward", "mtp.layers[*].forward", _args)
+    for _ in range(2):
+        with registry.patched(counting, m):
+            assert leaf.forward(1) == 2  # bound as a method: the leaf and 1
+    owner.forward = staticmethod(_args)  # type: ignore[assignment]
+    assert Leaf.forward is _args  # what a getattr-based check would compare
+    with registry.patched(counting, m):
+        assert leaf.forward(1) == 1  # not bound, as the class's own attribute is not
+    with Registry("fresh").patched(counting, m):
+        assert leaf.forward(1) == 1
+    assert vars(leaf) == {} and leaf.forward(1) == 1
 
 
 class Alternating:

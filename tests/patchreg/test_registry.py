@@ -6,6 +6,7 @@ import functools
 import gc
 import logging
 import threading
+import types
 import unittest.mock
 import weakref
 from typing import Any
@@ -760,6 +761,49 @@ def test_metaclass_setattr_that_changes_the_value_is_refused(patch_registry: Reg
         assert patch_registry.active() == ()
     finally:
         del sample.Odd  # type: ignore[attr-defined]
+
+
+def test_metaclass_setattr_that_changes_the_value_on_restore_is_bypassed(patch_registry: Registry) -> None:
+    """A metaclass that transforms plain functions set on its classes: the revert still puts back the very original."""
+
+    class Tracing(type):
+        def __setattr__(cls, name: str, value: Any) -> None:
+            if type(value) is types.FunctionType:
+                inner = value
+                value = functools.wraps(inner)(lambda *a, **k: inner(*a, **k))
+            super().__setattr__(name, value)
+
+    class Traced(metaclass=Tracing):
+        def m(self) -> str:
+            return "orig"
+
+    before = snapshot(Traced)
+    sample.Traced = Traced  # type: ignore[attr-defined]
+    try:
+        wrap = Patch("w", f"{M}:Traced.m", tagging_wrapper("w"), kind="wrap")  # a FunctionWrapper: stored as set
+        with patch_registry.patched(wrap) as report:
+            assert report.installed == 1 and Traced().m() != "orig"
+        assert_same_namespace(before, Traced)  # not the metaclass's copy of the original
+        assert patch_registry.active() == ()
+    finally:
+        del sample.Traced  # type: ignore[attr-defined]
+
+
+def test_a_class_changed_by_someone_else_is_checked_again(patch_registry: Registry) -> None:
+    """A data descriptor put on the class by another tool after a first instance patch: the next one is refused."""
+
+    class Leaf:
+        def m(self) -> str:
+            return "orig"
+
+    p = Patch("p", "m", plain("patched"))
+    with patch_registry.patched(p, Leaf()):
+        pass  # Leaf.m was a plain method then
+    with unittest.mock.patch.object(Leaf, "m", new_callable=unittest.mock.PropertyMock, return_value="mocked"):
+        leaf = Leaf()
+        with pytest.raises(UnpatchableTargetError, match="data descriptor"):
+            patch_registry.apply(p, leaf)
+        assert vars(leaf) == {} and patch_registry.active() == ()
 
 
 def test_class_patch_rechecks_what_instances_may_take(patch_registry: Registry, pristine: Any) -> None:
