@@ -115,8 +115,10 @@ class _Site:
         self.kind = kind
         self.key = (identity(holder), attr)
         self.layers: list[_Layer] = []
-        #: our layers that another registry installed over: {our layer: its layer}; None when there are none
-        self.covered: dict[_Layer, _Layer] | None = None
+        #: our layers that others depend on: {our layer: the layers over it}; None when there are none. Over it:
+        #: another registry's layer on this attribute, or a wrap (any registry's) of this class attribute
+        #: installed on a subclass or an instance, which calls what it wrapped
+        self.covered: dict[_Layer, list[_Layer]] | None = None
 
     @property
     def label(self) -> str:
@@ -679,6 +681,7 @@ class Registry:
         below = self._foreign_top(site, holder, original)
         if below is not None and below[2].patch is not patch:  # the same patch stacks, as in one registry
             _check_compatible(patch, site, below[2].patch, f" (in registry {below[0].name!r})")
+        wrapped = _inherited_layer(site, holder) if patch.kind == "wrap" and original is ABSENT else None
         value = _build(patch, site, holder, original)
         layer = _Layer(patch, site, value, now, original)
         site.layers.append(layer)  # recorded before the write: if the write raises after storing, a release restores
@@ -704,10 +707,9 @@ class Registry:
             )
             raise UnpatchableTargetError(msg, patch=patch, target=patch.target)
         if below is not None:  # the other registry's layer is covered: its revert must wait for ours
-            other_site = below[1]
-            if other_site.covered is None:
-                other_site.covered = {}
-            other_site.covered[below[2]] = layer
+            _cover(below[1], below[2], layer)
+        if wrapped is not None:  # the wrap calls that layer's install: its revert must wait for ours
+            _cover(*wrapped, layer)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("patchreg: installed %s on %s.%s", patch.name, site.label, site.attr)
 
@@ -852,15 +854,15 @@ class Registry:
         restored = 0
         with _LOCK:
             self._purge()
-            sites = [s for s in self._sites.values() if s.layers and s.ref() is not None]
-            _check_release([la for s in sites for la in reversed(s.layers) for _ in range(la.count)])
+            layers = sorted(  # last installed first, across sites: a wrap goes before the layer it wraps
+                (la for s in self._sites.values() if s.ref() is not None for la in s.layers), key=_seq, reverse=True
+            )
+            _check_release([la for la in layers for _ in range(la.count)])
             self._cancel(self._pending)
-            for site in sites:
-                while site.layers:
-                    layer = site.layers[-1]
-                    self._uninstall(layer)
-                    layer.count = 0
-                    restored += 1
+            for layer in layers:
+                self._uninstall(layer)
+                layer.count = 0
+                restored += 1
         return restored
 
     def checkpoint(self) -> Checkpoint:
@@ -1171,6 +1173,38 @@ def _check_compatible(patch: Patch, site: _Site, other: Patch | None = None, whe
     raise PatchConflictError(msg, patch=patch, target=patch.target)
 
 
+def _inherited_layer(site: _Site, holder: Any) -> tuple[_Site, _Layer] | None:
+    """The live layer (any registry's) that installed the class attribute ``holder.attr`` inherits, if any."""
+    if site.kind == "module":
+        return None
+    mro = holder.__mro__[1:] if site.kind == "class" else type(holder).__mro__
+    for klass in mro:
+        view = vars(klass)
+        if site.attr in view:
+            raw, key = view[site.attr], (identity(klass), site.attr)
+            break
+    else:
+        return None
+    found: tuple[_Site, _Layer] | None = None
+    for registry in list(_REGISTRIES):
+        other = registry._sites.get(key)
+        if other is None or not other.layers or other.ref() is not klass:
+            continue
+        top = other.layers[-1]
+        if top.count > 0 and top.owns(raw) and (found is None or top.seq > found[1].seq):
+            found = (other, top)
+    return found
+
+
+def _cover(site: _Site, layer: _Layer, upper: _Layer) -> None:
+    """Note that ``upper`` depends on ``layer`` (of ``site``): releasing ``layer`` waits for it."""
+    if site.covered is None:
+        site.covered = {}
+    uppers = site.covered.setdefault(layer, [])
+    uppers[:] = [u for u in uppers if u.count > 0 and u.site.ref() is not None]  # forget those gone
+    uppers.append(upper)
+
+
 def _to_release(report: Report) -> list[_Layer]:
     """The live layers ``report`` still holds a user of, in release order (last taken first)."""
     taken = report._layers
@@ -1191,15 +1225,20 @@ def _check_release(layers: list[_Layer]) -> None:
         site = layer.site
         covered = site.covered
         if covered is not None and layer in covered:
-            upper = covered[layer]
-            if upper.count > 0 and upper.site.ref() is not None:
-                msg = (
-                    f"Cannot revert patch {layer.patch.name!r} on {site.label}.{site.attr}: patch "
-                    f"{upper.patch.name!r} was installed over it through another registry; revert that one first "
-                    "(reverse order of applying). Nothing was changed."
-                )
-                raise PatchOwnershipError(msg, patch=layer.patch, target=layer.patch.target)
-            del covered[layer]  # that layer is gone: forget it
+            for upper in covered[layer]:
+                if counts.get(upper, upper.count) > 0 and upper.site.ref() is not None:
+                    how = (
+                        "through another registry"
+                        if upper.site.ref() is site.ref()
+                        else f"on {upper.site.label}, which wraps it"
+                    )
+                    msg = (
+                        f"Cannot revert patch {layer.patch.name!r} on {site.label}.{site.attr}: patch "
+                        f"{upper.patch.name!r} was installed over it {how}; revert that one first (reverse order "
+                        "of applying). Nothing was changed."
+                    )
+                    raise PatchOwnershipError(msg, patch=layer.patch, target=layer.patch.target)
+            del covered[layer]  # those layers are gone: forget them
             if not covered:
                 site.covered = None
         stack = tops.get(site)

@@ -694,6 +694,52 @@ def test_replace_over_another_registrys_patch_conflicts(patch_registry: Registry
     pristine()
 
 
+# -- a wrap of an inherited attribute that another install replaced -------------------------------
+
+
+@pytest.mark.parametrize("registries", ["one", "two"])
+@pytest.mark.parametrize("where", ["instance", "subclass"])
+def test_a_wrap_over_an_inherited_replace_holds_it_until_reverted(where: str, registries: str, pristine: Any) -> None:
+    """A wrap on an instance (or subclass) calls the class's replaced method: that replace waits for the wrap."""
+    lower = Registry("lower")
+    upper = lower if registries == "one" else Registry("upper")
+    child = sample.Child()
+    replace = lower.apply(Patch("r", f"{M}:Base.inherited", plain("replaced")))
+    if where == "instance":
+        wrap = upper.apply(Patch("w", "inherited", tagging_wrapper("w"), kind="wrap"), child)
+    else:  # Child inherits it: the wrap goes on Child, over what Base now holds
+        wrap = upper.apply(Patch("w", f"{M}:Child.inherited", tagging_wrapper("w"), kind="wrap"))
+    assert child.inherited() == ("w", "replaced")
+    with pytest.raises(PatchOwnershipError, match="which wraps it"):
+        lower.revert(replace)
+    assert child.inherited() == ("w", "replaced") and lower.is_active("r")  # nothing changed
+    upper.revert(wrap)
+    assert lower.revert(replace) == 1
+    assert child.inherited() == "base"
+    pristine()
+
+
+def test_revert_all_releases_a_wrap_before_the_replace_it_wraps(patch_registry: Registry, pristine: Any) -> None:
+    """revert_all (and one report holding both) release across attributes last installed first."""
+    child = sample.Child()
+    both = PatchSet(
+        "both",
+        (
+            Patch("r", f"{M}:Base.inherited", plain("replaced")),
+            Patch("w", f"{M}:Child.inherited", tagging_wrapper("w"), kind="wrap"),
+        ),
+    )
+    with patch_registry.patched(both):
+        assert child.inherited() == ("w", "replaced")
+    pristine()
+    patch_registry.apply(both)
+    patch_registry.apply(Patch("w2", "inherited", tagging_wrapper("w2"), kind="wrap"), child)
+    assert child.inherited() == ("w2", ("w", "replaced"))
+    assert patch_registry.revert_all() == 3
+    assert child.inherited() == "base" and vars(child) == {}
+    pristine()
+
+
 # -- checkpoints ----------------------------------------------------------------------------------
 
 
