@@ -91,8 +91,12 @@ def _runs_mtp_here(self: Any, a: dict[str, Any], depth: int) -> bool:
 
 
 def _mtp_on_earlier_stage(self: Any) -> bool:
-    """The hidden states arrive concatenated with MTP outputs from an earlier pipeline stage."""
-    return getattr(self, "mtp_block_spec", None) is not None and not getattr(self, "mtp_process", False)
+    """The hidden states arrive concatenated with MTP outputs from an earlier pipeline stage.
+
+    Asked of a last stage whose config has MTP depth: it holds no MTP layers (``mtp_process`` is
+    False, whether or not it was given an MTP block spec), so a standalone MTP stage before it ran them.
+    """
+    return not getattr(self, "mtp_process", False)
 
 
 def _run_mtp(self: Any, a: dict[str, Any], hidden: Any, detach: bool) -> list[Any]:
