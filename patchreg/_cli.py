@@ -113,7 +113,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print a JSON list of objects, one per patch")
     p.set_defaults(command=_cmd_doctor, name="doctor")
     p = sub.add_parser("show", help="one patch: target, kind, predicate and its answer, docstring")
-    p.add_argument("patch", metavar="NAME", help="'set.patch', or a patch name that is unique across sets")
+    p.add_argument(
+        "patch",
+        metavar="NAME",
+        help="'set.patch', 'module.patch' or 'module:set.patch' (module: the module or entry point the set "
+        "comes from), or a patch name that is unique across sets",
+    )
     p.set_defaults(command=_cmd_show, name="show")
     return parser
 
@@ -242,16 +247,9 @@ def _version(name: str) -> str:
 
 
 def _error_dict(error: LoadError) -> dict[str, Any]:
-    return {
-        "set": None,
-        "source": error.source,
-        "patch": None,
-        "target": None,
-        "kind": None,
-        "install": False,
-        "reason": error.reason,
-        "versions": {},
-    }
+    """A load failure as an object with a Diagnosis's keys; it is a problem (exit 1), so it is needed."""
+    blank: dict[str, Any] = dict.fromkeys(attrs.fields_dict(Diagnosis))
+    return blank | {"source": error.source, "install": False, "reason": error.reason, "versions": {}, "needed": True}
 
 
 def _write_doctor(rows: Sequence[Diagnosis], errors: Sequence[LoadError], out: TextIO) -> None:
@@ -302,21 +300,35 @@ def _cmd_show(args: argparse.Namespace, found: Discovery, out: TextIO) -> int:
 
 
 def _lookup(found: Discovery, name: str) -> tuple[Found, Patch]:
-    qualified = [
-        (f, p)
-        for f in found.sets
-        for p in f.patch_set
-        if name == f"{f.name}.{p.name}" or name == f"{f.origin}.{p.name}"
-    ]
-    hits = qualified or [(f, p) for f in found.sets for p in f.patch_set if p.name == name]
+    hits = _matches(found, name)
     if len(hits) == 1:
         return hits[0]
     if not hits:
         msg = f"no patch named {name!r}; write 'set.patch' or a patch name from `patchreg doctor`."
         raise UsageError(msg)
-    names = ", ".join(f"{f.name}.{p.name}" for f, p in hits)
-    msg = f"{name!r} names {len(hits)} patches ({names}); write it as 'set.patch'."
+    choices = "; ".join(_choice(found, f, p) for f, p in hits)
+    msg = f"{name!r} names {len(hits)} patches: {choices}."
     raise UsageError(msg)
+
+
+def _matches(found: Discovery, name: str) -> list[tuple[Found, Patch]]:
+    """The patches ``name`` selects as one of their :func:`_spellings`, else as a bare patch name."""
+    qualified = [(f, p) for f in found.sets for p in f.patch_set if name in _spellings(f, p)]
+    return qualified or [(f, p) for f in found.sets for p in f.patch_set if p.name == name]
+
+
+def _spellings(f: Found, p: Patch) -> tuple[str, str, str]:
+    """'set.patch', 'origin.patch' and 'origin:set.patch'; the origin is the module or entry point's name."""
+    return f"{f.name}.{p.name}", f"{f.origin}.{p.name}", f"{f.origin}:{f.name}.{p.name}"
+
+
+def _choice(found: Discovery, f: Found, p: Patch) -> str:
+    """One candidate of an ambiguous name: where it comes from, and a name that selects it alone."""
+    where = f"patch {p.name!r} of set {f.name!r} from {f.source}"
+    unique = [s for s in _spellings(f, p) if _matches(found, s) == [(f, p)]]
+    if unique:
+        return f"{where} (write {unique[0]!r})"
+    return f"{where} (no name selects it alone; rename the set to a name no other set has)"
 
 
 def _answer(patch: Patch) -> str:

@@ -8,7 +8,9 @@ known modules (:data:`KNOWN_MODULES`, and every public submodule of the packages
 are loaded, never arbitrary strings.
 
 A module that is missing or fails to import, or an entry point that does not load
-or yields no PatchSet, becomes a :class:`LoadError`: discovery never raises for it.
+or yields no PatchSet, becomes a :class:`LoadError`: discovery never raises for it,
+not even when it calls ``sys.exit()`` (a script-like module parsing ``sys.argv``).
+Only ``KeyboardInterrupt`` gets through.
 """
 
 from __future__ import annotations
@@ -107,11 +109,21 @@ def _import(name: str, errors: list[LoadError]) -> types.ModuleType | None:
             reason = f"module {name} is not installed (no module named {missing!r})"
         else:
             reason = f"importing {name} failed: {type(exc).__name__}: {exc}"
-    except Exception as exc:  # a patch module may raise anything at import
-        reason = f"importing {name} failed: {type(exc).__name__}: {exc}"
+    except (Exception, SystemExit) as exc:  # a patch module may raise anything at import, or exit
+        reason = f"importing {name} failed: {_failure(exc)}"
     log.info("patchreg: %s", reason)
     errors.append(LoadError(f"module {name}", name, reason))
     return None
+
+
+def _failure(exc: BaseException) -> str:
+    """What went wrong, for a load error: the exception's type and message, or the exit code."""
+    if isinstance(exc, SystemExit):
+        return (
+            f"SystemExit with exit code {exc.code!r}: it exits when loaded; "
+            "keep command-line code under `if __name__ == '__main__':`"
+        )
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _scan_module(name: str, found: list[Found], errors: list[LoadError]) -> None:
@@ -143,8 +155,8 @@ def _load_entry_point(ep: importlib.metadata.EntryPoint, found: list[Found], err
     try:
         value = ep.load()
         patch_set = _as_patch_set(value, ep)
-    except Exception as exc:  # third-party code may raise anything
-        reason = f"{source} failed to load: {type(exc).__name__}: {exc}"
+    except (Exception, SystemExit) as exc:  # third-party code may raise anything, or exit
+        reason = f"{source} failed to load: {_failure(exc)}"
         log.info("patchreg: %s", reason)
         errors.append(LoadError(source, ep.name, reason))
         return

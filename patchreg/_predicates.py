@@ -412,7 +412,15 @@ def accepts(path: str, *params: str, var_keyword: bool = False) -> Predicate:
     if not params or not all(isinstance(p, str) and p.isidentifier() for p in params):
         msg = f"accepts({path!r}, ...) needs one or more parameter names as identifiers, got {params!r}."
         raise PatchDefinitionError(msg)
+    _check_flag(f"accepts({path!r}, ...)", "var_keyword", var_keyword)
     return _Accepts(path, tuple(params), var_keyword, parse_import_path(path, field="accepts()"))
+
+
+def _check_flag(call: str, name: str, value: object) -> None:
+    """Refuse a non-bool for a bool option (a string such as ``"no"`` would count as true)."""
+    if not isinstance(value, bool):
+        msg = f"{call}: {name} must be True or False, got {value!r}; pass {name}=True or {name}=False."
+        raise PatchDefinitionError(msg)
 
 
 @attrs.frozen(cache_hash=True)

@@ -121,7 +121,17 @@ class Patch:
         return text.strip().splitlines()[0] if text.strip() else ""
 
     def __repr__(self) -> str:
-        return f"Patch({self.name!r}, {str(self.where)!r}, kind={self.kind!r}, when={self.when.describe()})"
+        return f"Patch({self.name!r}, {str(self.where)!r}, kind={self.kind!r}, when={_when_text(self.when)})"
+
+
+def _when_text(when: object) -> str:
+    """``when`` as a Patch's repr shows it; safe on the invalid ``when`` a PatchDefinitionError carries."""
+    if not isinstance(when, Predicate):
+        return repr(when)
+    try:
+        return when.describe()
+    except Exception:  # a predicate subclass without a working describe(): a repr must not raise
+        return f"<{type(when).__name__}>"
 
 
 def _validate(patch: Patch) -> None:
@@ -135,7 +145,7 @@ def _validate(patch: Patch) -> None:
         )
         raise PatchDefinitionError(msg, patch=patch, target=patch.target)
     if not isinstance(patch.doc, str):
-        msg = f"Patch {patch.name!r}: doc must be a string, got {patch.doc!r}."
+        msg = f"Patch {patch.name!r}: doc must be a string, got {patch.doc!r}; give a string or leave it out."
         raise PatchDefinitionError(msg, patch=patch, target=patch.target)
     if patch.kind == "wrap":
         _validate_wrapper(patch)
@@ -180,6 +190,9 @@ class PatchSet:
     doc: str = ""
 
     def __attrs_post_init__(self) -> None:
+        if not isinstance(self.doc, str):
+            msg = f"PatchSet {self.name!r}: doc must be a string, got {self.doc!r}; give a string or leave it out."
+            raise PatchDefinitionError(msg)
         seen: set[str] = set()
         for patch in self.patches:
             if not isinstance(patch, Patch):
@@ -242,17 +255,21 @@ class Installed:
 
 
 def entry(layer: Any, state: str | None = None) -> Installed:
-    """An :class:`Installed` copy of one of a registry's installs (its layer)."""
+    """An :class:`Installed` copy of one of a registry's installs (its layer).
+
+    ``state="reverted"`` shows the layer as released (count 0), whoever else still uses it.
+    """
     patch, site = layer.patch, layer.site
+    count = 0 if state == "reverted" else layer.count
     if state is None:
-        state = "active" if layer.count > 0 else "reverted"
+        state = "active" if count > 0 else "reverted"
     return Installed(
         patch=patch.name,
         target=str(patch.where),
         holder=site.label,
         attr=site.attr,
         kind=patch.kind,
-        count=layer.count,
+        count=count,
         since=layer.since,
         state=state,
     )
@@ -304,7 +321,11 @@ class Report:
 
     @property
     def entries(self) -> tuple[Installed, ...]:
-        """The installs this apply held a reference on (new or shared)."""
+        """The installs this apply held a reference on (new or shared).
+
+        One this report released shows count 0 and state "reverted", though another user may still
+        hold it; the others show the install's count (0 and "reverted" once its last user let go).
+        """
         live = len(self._layers) - self._done
         return tuple(entry(la, None if i < live else "reverted") for i, la in enumerate(self._layers))
 
@@ -315,13 +336,25 @@ class Report:
 
     @property
     def held(self) -> int:
-        """How many installs this apply still holds a reference on."""
-        return 0 if self._released else len(self._layers) - self._done
+        """How many installs this apply still holds a reference on.
+
+        An install released otherwise (``revert(patch)``, ``revert_all()``: its count is 0) is not held.
+        """
+        if self._released:
+            return 0
+        return sum(1 for la in self._layers[: len(self._layers) - self._done] if la.count > 0)
 
     @property
     def reverted(self) -> bool:
-        """True once this apply's references were released."""
-        return self._released
+        """True once this apply's references were released: through it, or by ``revert(patch)``/``revert_all()``.
+
+        A report that took nothing (every patch skipped) is reverted only through itself.
+        """
+        if self._released:
+            return True
+        if self.held or self.pending:
+            return False
+        return bool(self._layers) or any(p.state == "cancelled" for p in self._waiting)
 
     def __repr__(self) -> str:
         return f"<Report {self.name!r}: {self.installed} installed, {self.held} held, {len(self.skipped)} skipped>"

@@ -27,7 +27,10 @@ def assert_consistent(group: Any = None, registry: Registry | None = None) -> st
     """
     from patchreg._api import registry as default_registry
 
+    _check_registry(registry)
     dist = _torch_distributed()
+    _check_group(dist, group)
+    _check_initialized(dist)
     reg = registry if registry is not None else default_registry
     mine = (reg.fingerprint(), reg.fingerprint_lines())
     gathered: list[Any] = [None] * dist.get_world_size(group)
@@ -42,13 +45,37 @@ def _torch_distributed() -> Any:
     except ImportError as exc:
         msg = f"assert_consistent() needs torch.distributed, which cannot be imported ({exc}); install torch."
         raise PatchError(msg) from None
+    return dist
+
+
+def _check_registry(registry: object) -> None:
+    if registry is not None and not isinstance(registry, Registry):
+        msg = (
+            f"assert_consistent() takes registry= a patchreg.Registry, got {registry!r}; "
+            "pass the Registry object itself, or leave it out for patchreg.registry."
+        )
+        raise PatchError(msg)
+
+
+def _check_group(dist: Any, group: object) -> None:
+    process_group = getattr(dist, "ProcessGroup", None)  # absent where torch.distributed is not available
+    if group is None or process_group is None or isinstance(group, process_group):
+        return
+    msg = (
+        f"assert_consistent() takes group= a torch.distributed ProcessGroup, got {group!r}; pass the group "
+        "object (from torch.distributed.new_group() or your framework's parallel state, e.g. the data-parallel "
+        "group), or leave it out for the whole world."
+    )
+    raise PatchError(msg)
+
+
+def _check_initialized(dist: Any) -> None:
     if not dist.is_available() or not dist.is_initialized():
         msg = (
             "assert_consistent() needs an initialized torch.distributed process group; "
             "call torch.distributed.init_process_group() on every rank first."
         )
         raise PatchError(msg)
-    return dist
 
 
 def _global_rank(dist: Any, group: Any, index: int) -> int:

@@ -20,6 +20,7 @@ from patchreg._cli import run
 from patchreg._discovery import Discovery, discover
 
 SAMPLE = "tests.patchreg.cli_sample"
+DUPES = "tests.patchreg.cli_sample_dupes"
 ROOT = Path(__file__).resolve().parents[2]
 ATTRS = importlib.metadata.version("attrs")
 
@@ -148,8 +149,20 @@ def test_doctor_json_lists_load_failures_as_objects() -> None:
             "reason": "module tests.patchreg.no_such_module is not installed "
             "(no module named 'tests.patchreg.no_such_module')",
             "versions": {},
+            "needed": True,
         }
     ]
+
+
+def test_doctor_json_load_failures_have_the_keys_of_patch_objects() -> None:
+    """A load failure's JSON object has the same keys, in the same order, as a patch's; it counts as needed."""
+    status, out = cli("--module", "tests.patchreg.no_such_module", "doctor", "--json")
+    objects = json.loads(out)
+    failed = next(o for o in objects if o["set"] is None)
+    patch = next(o for o in objects if o["set"] is not None)
+    assert status == 1
+    assert list(failed) == list(patch)
+    assert not (failed["install"] or not failed["needed"])  # `install or not needed` is doctor's test of fine
 
 
 def test_doctor_selects_sets_by_module_name() -> None:
@@ -194,11 +207,45 @@ def test_show_accepts_a_unique_patch_name_and_describes_selectors() -> None:
 def test_show_ambiguous_or_unknown_name_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     """A name shared by two sets, or no patch at all, exits 2 with a remedy."""
     assert cli("show", "shout")[0] == 2
-    assert "'shout' names 2 patches (sample-ready.shout, sample-skipping.shout); write it as 'set.patch'" in (
-        capsys.readouterr().err
-    )
+    assert (
+        f"'shout' names 2 patches: patch 'shout' of set 'sample-ready' from module {SAMPLE} "
+        f"(write 'sample-ready.shout'); patch 'shout' of set 'sample-skipping' from module {SAMPLE} "
+        "(write 'sample-skipping.shout')."
+    ) in capsys.readouterr().err
     assert cli("show", "sample-ready.nope")[0] == 2
     assert "no patch named 'sample-ready.nope'" in capsys.readouterr().err
+
+
+def test_show_ambiguous_set_patch_names_each_source_and_a_name_that_works(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A 'set.patch' two sets share (by name, or by splitting a dotted name) names each source and a working name."""
+    assert cli("-m", DUPES, "show", "sample-ready.shout")[0] == 2
+    err = capsys.readouterr().err
+    assert f"patch 'shout' of set 'sample-ready' from module {SAMPLE} (write '{SAMPLE}:sample-ready.shout')" in err
+    assert f"patch 'shout' of set 'sample-ready' from module {DUPES} (write '{DUPES}.shout')" in err
+    status, out = cli("-m", DUPES, "show", f"{DUPES}.shout")
+    assert status == 0 and f"source     module {DUPES}\n" in out and "Child.static" in out
+    status, out = cli("-m", DUPES, "show", f"{SAMPLE}:sample-ready.shout")
+    assert status == 0 and f"source     module {SAMPLE}\n" in out and "sample:module_func" in out
+    assert cli("-m", DUPES, "show", "dotted.set.p")[0] == 2
+    err = capsys.readouterr().err
+    assert f"patch 'p' of set 'dotted.set' from module {DUPES} (write '{DUPES}.p')" in err
+    assert f"patch 'set.p' of set 'dotted' from module {DUPES} (write '{DUPES}.set.p')" in err
+    status, out = cli("-m", DUPES, "show", f"{DUPES}.set.p")
+    assert status == 0 and "patch      dotted.set.p\n" in out and "Base.method" in out
+
+
+def test_a_module_that_exits_at_import_is_listed_not_fatal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A -m module raising SystemExit at import is listed under 'not loaded' with its exit code; list and doctor run."""
+    (tmp_path / "cli_exits_xyz.py").write_text("import sys\nsys.exit(3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    status, out = cli("-m", "cli_exits_xyz", "list")
+    assert status == 0 and "sample-ready " in out
+    assert "not loaded:\n  importing cli_exits_xyz failed: SystemExit with exit code 3: it exits when loaded" in out
+    status, out = cli("-m", "cli_exits_xyz", "doctor", "--json", "cli_exits_xyz")
+    assert status == 1
+    assert [(o["source"], o["install"]) for o in json.loads(out)] == [("module cli_exits_xyz", False)]
 
 
 def test_bad_arguments_exit_two(capsys: pytest.CaptureFixture[str]) -> None:

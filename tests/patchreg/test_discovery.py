@@ -32,6 +32,9 @@ def make():
 
 def not_a_set():
     return 42
+
+def exits():
+    raise SystemExit("no GPU here")
 '''
 
 ENTRY_POINTS = f"""
@@ -40,6 +43,7 @@ loud = dummy_patches:PATCHES
 made = dummy_patches:make
 missing = dummy_patches:no_such_name
 wrong = dummy_patches:not_a_set
+exits = dummy_patches:exits
 
 [console_scripts]
 dummy = dummy_patches:quiet
@@ -57,7 +61,7 @@ def clean_modules() -> Iterator[None]:
 
 @pytest.fixture
 def dummy_dist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clean_modules: None) -> Path:
-    """An installed distribution 'dummy-patches 1.0' on a tmp sys.path entry, declaring four entry points."""
+    """An installed distribution 'dummy-patches 1.0' on a tmp sys.path entry, declaring five entry points."""
     (tmp_path / "dummy_patches.py").write_text(DUMMY_MODULE)
     info = tmp_path / "dummy_patches-1.0.dist-info"
     info.mkdir()
@@ -80,7 +84,7 @@ def test_entry_points_name_a_patch_set_or_a_factory(dummy_dist: Path) -> None:
 def test_bad_entry_points_are_reported_not_raised(dummy_dist: Path) -> None:
     """A missing attribute or a callable returning something else becomes a load error with the reason."""
     errors = {e.origin: e.reason for e in discover((), ()).errors}
-    assert set(errors) == {"missing", "wrong"}
+    assert set(errors) == {"missing", "wrong", "exits"}
     assert errors["missing"].startswith("entry point missing = dummy_patches:no_such_name from dummy-patches 1.0")
     assert "AttributeError" in errors["missing"]
     assert "returned 42, not a PatchSet" in errors["wrong"]
@@ -109,6 +113,30 @@ def test_missing_and_failing_modules_are_reported(
     assert reasons["raising_patches"] == "importing raising_patches failed: RuntimeError: boom at import"
     assert reasons["needs_dep"].startswith("importing needs_dep failed: ModuleNotFoundError")
     assert [f.name for f in found.sets] == ["sample-ready", "sample-skipping"]
+
+
+def test_an_entry_point_that_exits_is_a_load_error(dummy_dist: Path) -> None:
+    """An entry point whose callable raises SystemExit is a load error naming it and the exit code."""
+    errors = {e.origin: e.reason for e in discover((), ()).errors}
+    assert errors["exits"] == (
+        "entry point exits = dummy_patches:exits from dummy-patches 1.0 failed to load: SystemExit with exit code "
+        "'no GPU here': it exits when loaded; keep command-line code under `if __name__ == '__main__':`"
+    )
+
+
+def test_a_module_that_exits_at_import_is_a_load_error_but_an_interrupt_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clean_modules: None
+) -> None:
+    """SystemExit at import becomes a load error with the exit code; KeyboardInterrupt still stops discovery."""
+    (tmp_path / "exiting_patches.py").write_text("import sys\nsys.exit(2)\n")
+    (tmp_path / "interrupted_patches.py").write_text("raise KeyboardInterrupt\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = discover(("exiting_patches", "tests.patchreg.cli_sample"), (), group=None)
+    assert [(e.source, e.origin) for e in found.errors] == [("module exiting_patches", "exiting_patches")]
+    assert found.errors[0].reason.startswith("importing exiting_patches failed: SystemExit with exit code 2: ")
+    assert [f.name for f in found.sets] == ["sample-ready", "sample-skipping"]
+    with pytest.raises(KeyboardInterrupt):
+        discover(("interrupted_patches",), (), group=None)
 
 
 def test_package_submodules_are_scanned_and_sets_deduplicated(

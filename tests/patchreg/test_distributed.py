@@ -128,6 +128,22 @@ def test_without_an_initialized_group_it_says_what_to_do() -> None:
         assert_consistent(registry=Registry("x"))
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"registry": "default"}, r"registry= a patchreg\.Registry, got 'default'; pass the Registry object itself"),
+        ({"group": "dp"}, r"group= a torch\.distributed ProcessGroup, got 'dp'; pass the group object"),
+    ],
+)
+def test_a_wrong_group_or_registry_is_named_with_the_remedy(kwargs: dict[str, Any], match: str) -> None:
+    """A group or registry of the wrong type raises a PatchError naming the argument, before any collective."""
+    pytest.importorskip("torch.distributed")
+    from patchreg.distributed import assert_consistent
+
+    with pytest.raises(PatchError, match=match):
+        assert_consistent(**kwargs)
+
+
 def test_engine_imports_without_torch() -> None:
     """patchreg and patchreg.distributed import with torch unavailable; the check then names the missing piece."""
     code = (

@@ -125,6 +125,13 @@ def _star(a: int, *args: Any, b: int = 0, **kwargs: Any) -> None:
     """A signature with every kind of parameter."""
 
 
+@pytest.mark.parametrize("value", ["no", 1, None])
+def test_accepts_refuses_a_non_bool_var_keyword(value: Any) -> None:
+    """var_keyword must be a bool: a string such as 'no' would have counted as true."""
+    with pytest.raises(PatchDefinitionError, match=rf"var_keyword must be True or False, got {value!r}; pass"):
+        accepts("tests.patchreg.test_predicates:_star", "padding_mask", var_keyword=value)
+
+
 def test_accepts_and_has_on_missing_things() -> None:
     """Unimportable modules and missing attributes answer False with the reason."""
     assert "cannot import no_such_mod_xyz" in accepts("no_such_mod_xyz:f", "a").evaluate().reason

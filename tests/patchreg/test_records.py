@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from patchreg import Patch, PatchDefinitionError, PatchSet, Registry, Selector, always, requires
+from patchreg._predicates import Predicate
 from patchreg._targets import ImportPath, Miss, parse_import_path
 from tests.patchreg import sample
 from tests.patchreg.helpers import plain, tagging_wrapper
@@ -94,6 +95,64 @@ def test_patchset_rules() -> None:
     with pytest.raises(KeyError):
         s1["zzz"]
     assert repr(both) == "PatchSet('one+two', ['a', 'b', 'w'])"
+
+
+@pytest.mark.parametrize("doc", [None, 1])
+def test_patchset_doc_must_be_a_string(doc: Any) -> None:
+    """A PatchSet doc that is not a string is refused, naming the set and the remedy, as a Patch's is."""
+    with pytest.raises(PatchDefinitionError, match=rf"PatchSet 's': doc must be a string, got {doc!r}; give a string"):
+        PatchSet("s", [Patch("a", f"{M}:module_func", plain(1))], doc=doc)
+
+
+def test_definition_errors_carry_a_patch_that_reprs() -> None:
+    """The half-built Patch a definition error carries reprs on one line, even with an invalid when."""
+
+    class Undescribed(Predicate):
+        """A predicate subclass that forgot describe()."""
+
+    with pytest.raises(PatchDefinitionError) as caught:
+        Patch("p", f"{M}:module_func", plain(1), when=True)  # type: ignore[arg-type]
+    assert caught.value.target == f"{M}:module_func"
+    assert repr(caught.value.patch) == f"Patch('p', '{M}:module_func', kind='replace', when=True)"
+    with pytest.raises(PatchDefinitionError) as caught:
+        Patch("p", f"{M}:module_func", plain(1), when=Undescribed(), kind="patch")  # type: ignore[arg-type]
+    assert repr(caught.value.patch) == f"Patch('p', '{M}:module_func', kind='patch', when=<Undescribed>)"
+
+
+def test_report_after_revert_by_patch_holds_nothing(patch_registry: Registry) -> None:
+    """Reverting by patch (not by report) leaves the apply's Report at 0 held, reverted, entries at count 0."""
+    target = sample.Child()
+    patch = Patch("p", "method", plain("patched"))
+    report = patch_registry.apply(patch, target)
+    assert (report.held, report.reverted) == (1, False)
+    patch_registry.revert(patch, target)
+    assert vars(target) == {}
+    assert (report.held, report.reverted) == (0, True)
+    assert [(e.state, e.count) for e in report.entries] == [("reverted", 0)]
+    assert "0 held" in repr(report) and str(report).startswith("patch set 'p' (reverted):")
+    assert patch_registry.revert(report) == 0
+
+
+def test_report_of_only_skips_is_reverted_only_through_itself(patch_registry: Registry) -> None:
+    """A report that installed nothing holds nothing, and is reverted once it is released, not before."""
+    report = patch_registry.apply(Patch("p", "no_such_attr", plain(1)), sample.Child())
+    assert (report.held, report.reverted, len(report.skipped)) == (0, False, 1)
+    patch_registry.revert(report)
+    assert report.reverted
+
+
+def test_reverted_report_entries_show_count_zero_while_another_user_holds(patch_registry: Registry) -> None:
+    """A released report's entries show count 0 and state reverted, though another report still holds the install."""
+    patch = Patch("p", f"{M}:Child.method", plain("patched"))
+    outer = patch_registry.apply(patch)
+    with patch_registry.patched(patch) as inner:
+        assert [(e.state, e.count) for e in inner.entries] == [("active", 2)]
+    assert (inner.held, inner.reverted) == (0, True)
+    assert [(e.state, e.count) for e in inner.entries] == [("reverted", 0)]
+    assert "(count 0)" in str(inner)
+    assert (outer.held, outer.reverted) == (1, False)
+    assert [(e.state, e.count) for e in outer.entries] == [("active", 1)]
+    patch_registry.revert(outer)
 
 
 def test_patchset_bad_members() -> None:
