@@ -33,6 +33,7 @@ from patchreg._targets import Guards, Miss, Site, class_attr, guard_check, ident
 from patchreg.exceptions import (
     PatchConflictError,
     PatchDefinitionError,
+    PatchError,
     PatchOwnershipError,
     TargetNotFoundError,
     UnpatchableTargetError,
@@ -138,6 +139,17 @@ def _label(holder: Any) -> str:
     return f"{type(holder).__name__}@{id(holder):#x}"
 
 
+def _awaited(module: str) -> bool:
+    """Whether a lazy patch of any registry waits for ``module`` to be imported."""
+    with _LOCK:
+        return any(p.module == module and p.state == "pending" for r in list(_REGISTRIES) for p in r._pending)
+
+
+def _raw_here(holder: Any, attr: str) -> Any:
+    """What ``holder``'s own namespace stores for ``attr`` (``ABSENT`` if nothing), as ``_Site.current`` reads it."""
+    return vars(holder).get(attr, ABSENT)
+
+
 def _kind_of(holder: Any) -> str:
     if isinstance(holder, types.ModuleType):
         return "module"
@@ -158,7 +170,8 @@ class _Pending:
 
     def entry(self) -> Installed:
         patch = self.patch
-        holder, _, attr = str(patch.where).rpartition(".")
+        *owner, attr = patch.where.parts  # type: ignore[union-attr]
+        holder = ".".join((self.module, *owner))  # as an install's holder reads: module, then qualname
         return Installed(patch.name, str(patch.where), holder, attr, patch.kind, 0, self.since, "pending")
 
 
@@ -178,8 +191,10 @@ def _patches(target: object) -> tuple[str, tuple[Patch, ...]]:
         return target.name, (target,)
     if isinstance(target, PatchSet):
         return target.name, target.patches
-    if isinstance(target, (list, tuple)) and all(isinstance(p, Patch) for p in target):
-        return "patches", PatchSet("patches", target).patches  # the same checks as a set (unique names)
+    if isinstance(target, Iterable) and not isinstance(target, (str, bytes, Report)):
+        items = tuple(target)  # a generator too (read once)
+        if all(isinstance(p, Patch) for p in items):
+            return "patches", PatchSet("patches", items).patches  # the same checks as a set (unique names)
     msg = f"Expected a Patch or a PatchSet, got {target!r}; build one with Patch(...) or PatchSet(name, patches)."
     raise PatchDefinitionError(msg)
 
@@ -584,6 +599,7 @@ class Registry:
                     return
                 self._pending.remove(pending)
                 pending.state = "skipped: " + skipped[0][1] if skipped else "installed"
+                pending.report._skipped = (*pending.report._skipped, *skipped)  # the apply's report says so too
                 taken = Report(self, pending.report.name)
                 self._take_all(work, taken)  # a failure releases only what this patch took, not the user's others
                 pending.report._layers.extend(taken._layers)
@@ -612,13 +628,17 @@ class Registry:
         work: list[_Work] = []
         skipped = []
         for patch in patches:
-            answer = patch.when.evaluate()
+            try:
+                answer = patch.when.evaluate()
+                found = self._resolve(patch, obj) if answer.ok else ""
+            except PatchError as exc:  # from a predicate, a selector or a check: say which patch it was about
+                _name_patch(exc, patch)
+                raise
             if not answer.ok:
                 skipped.append((patch.name, answer.reason))
                 if traces is not None:
                     traces.append((patch, answer.reason, None))
                 continue
-            found = self._resolve(patch, obj)
             if isinstance(found, str):
                 skipped.append((patch.name, found))
                 if traces is not None:
@@ -652,7 +672,8 @@ class Registry:
             msg = (
                 f"Patch set {name!r} applied with strict=True, but {len(skipped)} patch(es) would be skipped: {lines}."
             )
-            raise TargetNotFoundError(msg, target=name)
+            first = by_name.get(skipped[0][0])  # the error is about the first of them (the message names all)
+            raise TargetNotFoundError(msg, patch=first, target=None if first is None else first.target)
 
     def _take(self, patch: Patch, holder: Any, attr: str, report: Report, now: float) -> int:
         """Count a user of ``patch`` on ``holder.attr``, installing it if it is the first; 1 if installed.
@@ -678,7 +699,7 @@ class Registry:
 
     def _install(self, patch: Patch, site: _Site, holder: Any, report: Report, now: float) -> None:
         original = site.current()
-        below = self._foreign_top(site, holder, original)
+        below = self._foreign_top(site.key, site.layers, holder, original)
         if below is not None and below[2].patch is not patch:  # the same patch stacks, as in one registry
             _check_compatible(patch, site, below[2].patch, f" (in registry {below[0].name!r})")
         wrapped = _inherited_layer(site, holder) if patch.kind == "wrap" and original is ABSENT else None
@@ -713,16 +734,21 @@ class Registry:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("patchreg: installed %s on %s.%s", patch.name, site.label, site.attr)
 
-    def _foreign_top(self, site: _Site, holder: Any, current: Any) -> tuple[Registry, _Site, _Layer] | None:
-        """Another registry's live layer that installed ``current`` on this attribute (the topmost), if any."""
+    def _foreign_top(
+        self, key: tuple[int, str], layers: list[_Layer], holder: Any, current: Any
+    ) -> tuple[Registry, _Site, _Layer] | None:
+        """Another registry's live layer that installed ``current`` on this attribute (the topmost), if any.
+
+        ``layers``: this registry's on the attribute (``key``), bottom first.
+        """
         if len(_REGISTRIES) < 2:
             return None
-        mine = site.layers[-1] if site.layers else None
+        mine = layers[-1] if layers else None
         found: tuple[Registry, _Site, _Layer] | None = None
         for registry in list(_REGISTRIES):
             if registry is self:
                 continue
-            other = registry._sites.get(site.key)
+            other = registry._sites.get(key)
             if other is None or not other.layers or other.ref() is not holder:
                 continue
             top = other.layers[-1]
@@ -893,6 +919,11 @@ class Registry:
         All or nothing. Those applies' reports end released (a block exited later releases nothing
         again), and lazy patches of earlier applies that were installed since stay.
         """
+        if not isinstance(checkpoint, Checkpoint):
+            msg = (
+                f"rollback() takes what checkpoint() returned, got {checkpoint!r}; take one with registry.checkpoint()."
+            )
+            raise PatchDefinitionError(msg, target=checkpoint)
         if checkpoint.owner is not self:
             msg = f"Checkpoint came from registry {checkpoint.owner.name!r}; roll back there."
             raise PatchDefinitionError(msg)
@@ -918,11 +949,15 @@ class Registry:
             live = [entry(la) for s in self._sites.values() if s.ref() is not None for la in s.layers]
             return (*live, *(p.entry() for p in self._pending))
 
-    def is_active(self, name: str, obj: Any = None) -> bool:
-        """True when a patch named ``name`` is installed (on ``obj``, or what ``obj`` contains)."""
+    def is_active(self, name: str | Patch, obj: Any = None) -> bool:
+        """True when a patch named ``name`` (or that very Patch) is installed (on ``obj``, or what ``obj`` contains)."""
+        if not isinstance(name, (str, Patch)):
+            msg = f"is_active() takes a patch name or a Patch, got {name!r}; pass e.g. 'postprocess'."
+            raise PatchDefinitionError(msg, target=name)
+        wanted = (lambda p: p is name) if isinstance(name, Patch) else (lambda p: p.name == name)
         with _LOCK:
             self._purge()
-            patches = {la.patch for s in self._sites.values() for la in s.layers if la.patch.name == name}
+            patches = {la.patch for s in self._sites.values() for la in s.layers if wanted(la.patch)}
         for patch in patches:
             if obj is None or patch.is_global:
                 return True
@@ -947,6 +982,13 @@ class Registry:
         answer = patch.when.evaluate()
         if not answer.ok:
             return [(patch.name, "-", "skip", answer.reason)]
+        module = patch.where.module if patch.is_global else None  # type: ignore[union-attr]
+        if module is not None and module not in sys.modules and _awaited(module):  # importing it would install those
+            why = (
+                f"module {module!r} is not imported yet and lazy patches wait for it: apply() would import it "
+                "first, which installs them (explain imports nothing here)"
+            )
+            return [(patch.name, str(patch.where), "import", why)]
         try:
             found = patch.where.resolve(obj)
         except UnpatchableTargetError as exc:
@@ -957,15 +999,21 @@ class Registry:
 
     def _would(self, patch: Patch, hit: Site) -> tuple[str, str]:
         with _LOCK:
-            site = self._sites.get((identity(hit.holder), hit.attr))
-            if site is not None and site.ref() is hit.holder:
-                for layer in site.layers:
+            key = (identity(hit.holder), hit.attr)
+            site = self._sites.get(key)
+            mine = site is not None and site.ref() is hit.holder
+            if mine:
+                for layer in site.layers:  # type: ignore[union-attr]
                     if layer.patch is patch:
                         return "share", f"already installed (count {layer.count}); {answer_reason(patch)}"
-                try:
-                    _check_compatible(patch, site)
-                except PatchConflictError as exc:
-                    return "conflict", str(exc)
+            below = self._foreign_top(key, site.layers if mine else [], hit.holder, _raw_here(hit.holder, hit.attr))  # type: ignore[union-attr]
+            try:
+                if mine:
+                    _check_compatible(patch, site)  # type: ignore[arg-type]
+                if below is not None and below[2].patch is not patch:
+                    _check_compatible(patch, below[1], below[2].patch, f" (in registry {below[0].name!r})")
+            except PatchConflictError as exc:
+                return "conflict", str(exc)
         try:
             _check_patchable(patch, hit.holder, hit.attr)
         except UnpatchableTargetError as exc:
@@ -975,13 +1023,16 @@ class Registry:
     def summary(self) -> str:
         """A table of active installs: patch, target, holder, count, state, since."""
         now = time.time()
+        entries = self.active()
         rows = [
             (e.patch, e.target, f"{e.holder}.{e.attr}", str(e.count), e.state, f"{now - e.since:.1f}s ago")
-            for e in self.active()
+            for e in entries
         ]
         if not rows:
             return f"registry {self.name!r}: nothing active"
-        return f"registry {self.name!r}: {len(rows)} active install(s)\n" + table(
+        pending = sum(1 for e in entries if e.state == "pending")
+        counts = f"{len(rows) - pending} active install(s)" + (f", {pending} pending (lazy)" if pending else "")
+        return f"registry {self.name!r}: {counts}\n" + table(
             ("patch", "target", "holder", "count", "state", "since"), rows
         )
 
@@ -1007,7 +1058,8 @@ class Registry:
         with _LOCK:
             sites = [s for s in self._sites.values() if s.layers and s.ref() is not None]
             n = sum(len(s.layers) for s in sites)
-        return f"<patchreg.Registry {self.name!r}: {n} active install(s) on {len(sites)} attribute(s)>"
+            waiting = f", {len(self._pending)} pending (lazy)" if self._pending else ""
+        return f"<patchreg.Registry {self.name!r}: {n} active install(s) on {len(sites)} attribute(s){waiting}>"
 
 
 _REGISTRIES: weakref.WeakSet[Registry] = weakref.WeakSet()
@@ -1203,6 +1255,17 @@ def _cover(site: _Site, layer: _Layer, upper: _Layer) -> None:
     uppers = site.covered.setdefault(layer, [])
     uppers[:] = [u for u in uppers if u.count > 0 and u.site.ref() is not None]  # forget those gone
     uppers.append(upper)
+
+
+def _name_patch(exc: PatchError, patch: Patch) -> None:
+    """Fill in which patch an error raised while applying ``patch`` was about, where its raiser could not tell."""
+    if exc.patch is None:
+        exc.patch = patch
+        add_note = getattr(exc, "add_note", None)  # Python 3.11+: shown under the message in a traceback
+        if add_note is not None:
+            add_note(f"(while applying patch {patch.name!r}, target {str(patch.where)!r})")
+    if exc.target is None:
+        exc.target = patch.target
 
 
 def _to_release(report: Report) -> list[_Layer]:

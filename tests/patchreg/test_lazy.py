@@ -124,3 +124,39 @@ def test_rollback_keeps_a_lazy_patch_applied_before_the_checkpoint(patch_registr
     assert module.greet() == "patched" and report.held == 1
     assert patch_registry.revert(report) == 1
     assert module.greet() == "hello"
+
+
+def test_explain_imports_nothing(patch_registry: Registry, late_module: Any) -> None:
+    """explain() of a module a lazy patch waits for says so, and neither imports it nor fires that patch."""
+    name = late_module()
+    p = Patch("greet", f"{name}:greet", plain("patched"))
+    patch_registry.apply(p, lazy=True)
+    (row,) = patch_registry.explain(p).rows
+    assert row[2] == "import" and "lazy patches wait for it" in row[3]
+    assert name not in sys.modules
+    assert [e.state for e in patch_registry.active()] == ["pending"]
+
+
+def test_pending_entries_read_like_installs(patch_registry: Registry, late_module: Any) -> None:
+    """A pending entry names its holder (module, then class) and attribute as the install will; repr counts it."""
+    name = late_module()
+    patch_registry.apply(
+        PatchSet("late", (Patch("g", f"{name}:greet", plain("p")), Patch("m", f"{name}:K.m", plain("p")))), lazy=True
+    )
+    assert [(e.holder, e.attr) for e in patch_registry.active()] == [(name, "greet"), (f"{name}.K", "m")]
+    assert "0 active install(s)" in repr(patch_registry) and "2 pending" in repr(patch_registry)
+    assert "0 active install(s), 2 pending" in patch_registry.summary()
+    module = importlib.import_module(name)
+    assert [(e.holder, e.attr) for e in patch_registry.active()] == [(name, "greet"), (f"{name}.K", "m")]
+    assert module.greet() == "p"
+
+
+def test_a_lazy_skip_is_in_the_report(patch_registry: Registry, late_module: Any) -> None:
+    """A lazy patch whose predicate fails when its module is imported is listed in its apply's skipped."""
+    name = late_module()
+    report = patch_registry.apply(Patch("g", f"{name}:greet", plain("p"), when=requires("packaging>=999")), lazy=True)
+    assert report.skipped == ()
+    module = importlib.import_module(name)
+    assert module.greet() == "hello"
+    ((skipped, reason),) = report.skipped
+    assert skipped == "g" and ">=999" in reason

@@ -18,6 +18,8 @@ from patchreg import (
     ABSENT,
     Patch,
     PatchConflictError,
+    PatchDefinitionError,
+    PatchError,
     PatchOwnershipError,
     PatchSet,
     Registry,
@@ -898,3 +900,64 @@ def test_rollback_after_a_revert_by_target_and_a_dead_holder(patch_registry: Reg
     assert patch_registry.rollback(checkpoint) == 0
     assert patch_registry.active() == ()
     pristine()
+
+
+# -- introspection and errors name what they are about ------------------------------------------
+
+
+def test_explain_sees_another_registrys_install(patch_registry: Registry, pristine: Any) -> None:
+    """explain() says conflict where apply() would raise one because of another registry's replace."""
+    other = Registry("other")
+    with other.patched(Patch("pa", f"{M}:module_func", plain("a"))):
+        pb = Patch("pb", f"{M}:module_func", plain("b"))
+        (row,) = patch_registry.explain(pb).rows
+        assert row[2] == "conflict" and "in registry 'other'" in row[3]
+        with pytest.raises(PatchConflictError):
+            patch_registry.apply(pb)
+        same = Patch("pa2", f"{M}:module_func", tagging_wrapper("w"), kind="wrap")
+        assert patch_registry.explain(same).rows[0][2] == "install"  # a wrap stacks over it
+    pristine()
+
+
+def test_is_active_takes_a_patch_or_a_name(patch_registry: Registry) -> None:
+    """is_active() accepts the Patch itself; anything but a name or a Patch is refused with a clear error."""
+    p = Patch("f", f"{M}:module_func", plain("p"))
+    twin = Patch("f", f"{M}:Base.method", plain("x"))
+    with patch_registry.patched(p):
+        assert patch_registry.is_active(p) and patch_registry.is_active("f")
+        assert not patch_registry.is_active(twin)  # the same name, another patch
+    assert not patch_registry.is_active(p)
+    with pytest.raises(PatchDefinitionError, match="patch name or a Patch"):
+        patch_registry.is_active(42)  # type: ignore[arg-type]
+
+
+def test_rollback_refuses_what_is_not_a_checkpoint(patch_registry: Registry) -> None:
+    """rollback(None) is a PatchDefinitionError naming the remedy, not an AttributeError."""
+    with pytest.raises(PatchDefinitionError, match="checkpoint"):
+        patch_registry.rollback(None)  # type: ignore[arg-type]
+
+
+def test_any_iterable_of_patches_is_a_target(patch_registry: Registry, pristine: Any) -> None:
+    """A generator of patches is applied like a list of them."""
+    p = Patch("f", f"{M}:module_func", plain("p"))
+    report = patch_registry.apply(x for x in [p])
+    assert report.installed == 1 and sample.module_func(1) == "p"
+    patch_registry.revert(report)
+    pristine()
+
+
+def test_errors_while_applying_name_the_patch(patch_registry: Registry) -> None:
+    """A predicate or selector error carries the patch it was about; strict names the first skipped patch."""
+    bad = Patch("bad", f"{M}:module_func", plain("p"), when=check(lambda: (1 / 0, "")[1], "divides"))
+    with pytest.raises(PatchError) as info:
+        patch_registry.apply(bad)
+    assert info.value.patch is bad and info.value.target == f"{M}:module_func"
+    sel = Patch("sel", "forward", plain("p"))
+    with pytest.raises(UnpatchableTargetError) as info:
+        patch_registry.apply(sel)  # a selector with no object
+    assert info.value.patch is sel
+    missing = Patch("missing", "nosuchattr", plain("p"))
+    with pytest.raises(TargetNotFoundError) as info:
+        patch_registry.apply(PatchSet("s", (missing,)), sample.Child(), strict=True)
+    assert info.value.patch is missing and info.value.target == "nosuchattr"
+    assert patch_registry.active() == ()

@@ -221,7 +221,7 @@ def test_fires_and_leaves_it():
     result.assert_outcomes(passed=2, errors=2)
     result.stdout.fnmatch_lines(
         [
-            "*test left patches active in patchreg.registry: greet on late_mod_guard_xyz:greet (pending, count 1)*",
+            "*test left patches active in patchreg.registry: greet on late_mod_guard_xyz.greet (pending, count 1)*",
             "*test left patches active in patchreg.registry: greet on late_mod_guard_xyz.greet (active, count 1)*",
         ]
     )
