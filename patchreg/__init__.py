@@ -15,7 +15,7 @@ from patchreg._predicates import (
     requires,
 )
 from patchreg._records import ABSENT, Backup, Installed, Patch, PatchSet, Report
-from patchreg._registry import Checkpoint, Explanation, Patched, Registry
+from patchreg._registry import Checkpoint, Explanation, Patched, Registry, decorate
 from patchreg._targets import Selector
 from patchreg.exceptions import (
     PatchConflictError,
@@ -57,6 +57,7 @@ __all__ = [
     "always",
     "apply",
     "check",
+    "decorate",
     "has",
     "not_needed_when",
     "patched",

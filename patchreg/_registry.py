@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.metadata
+import inspect
 import itertools
 import logging
 import operator
@@ -20,6 +21,7 @@ import time
 import types
 import weakref
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 import attrs
@@ -39,7 +41,7 @@ from patchreg.exceptions import (
     UnpatchableTargetError,
 )
 
-__all__ = ["Checkpoint", "Explanation", "Registry"]
+__all__ = ["Checkpoint", "Explanation", "Registry", "decorate"]
 
 log = logging.getLogger("patchreg")
 
@@ -1137,16 +1139,47 @@ class Patched:
             del self._stacks[key]
 
     def __call__(self, func: F) -> F:
-        @functools.wraps(func)
-        def patched_call(*args: Any, **kwargs: Any) -> Any:
-            with Patched(self.registry, self.target, self.obj, self.strict):
-                return func(*args, **kwargs)
-
-        return patched_call  # type: ignore[return-value]
+        return decorate(func, lambda: Patched(self.registry, self.target, self.obj, self.strict))
 
     def __repr__(self) -> str:
         name = _patches(self.target)[0]
         return f"<patched {name!r} via {self.registry.name!r}>"
+
+
+def decorate(func: F, block: Callable[[], AbstractContextManager[Any]]) -> F:
+    """``func`` run inside a fresh ``block()`` per call (what ``@registry.patched(...)`` and ``@mtp_patched`` do).
+
+    A coroutine function stays one and keeps the block across its awaits; a generator function (sync
+    or async) keeps it from its first step to its end, across its yields. Anything else: for the call.
+    """
+    if inspect.iscoroutinefunction(func):
+
+        async def awaited(*args: Any, **kwargs: Any) -> Any:
+            with block():
+                return await func(*args, **kwargs)
+
+        return functools.wraps(func)(awaited)  # type: ignore[return-value]
+    if inspect.isasyncgenfunction(func):
+
+        async def iterated_async(*args: Any, **kwargs: Any) -> Any:
+            with block():
+                async for item in func(*args, **kwargs):
+                    yield item
+
+        return functools.wraps(func)(iterated_async)  # type: ignore[return-value]
+    if inspect.isgeneratorfunction(func):
+
+        def iterated(*args: Any, **kwargs: Any) -> Any:
+            with block():
+                return (yield from func(*args, **kwargs))
+
+        return functools.wraps(func)(iterated)  # type: ignore[return-value]
+
+    def called(*args: Any, **kwargs: Any) -> Any:
+        with block():
+            return func(*args, **kwargs)
+
+    return functools.wraps(func)(called)  # type: ignore[return-value]
 
 
 # -- checks and namespace writes ------------------------------------------------------------

@@ -11,7 +11,6 @@ model is the upstream model again. Three patches, each gated per release by its 
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -264,12 +263,9 @@ class mtp_patched:
             del self._entered[thread]
 
     def __call__(self, func: F) -> F:
-        @functools.wraps(func)
-        def with_mtp(*args: Any, **kwargs: Any) -> Any:
-            with mtp_patched(self.model, self.detach_encoder, registry=self.registry, strict=self.strict):
-                return func(*args, **kwargs)
-
-        return with_mtp  # type: ignore[return-value]
+        return patchreg.decorate(
+            func, lambda: mtp_patched(self.model, self.detach_encoder, registry=self.registry, strict=self.strict)
+        )
 
     def _conflict(self, exc: PatchConflictError) -> MTPConflictError:
         other = not self.detach_encoder

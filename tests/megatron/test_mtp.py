@@ -289,6 +289,19 @@ def test_decorator_form_patches_only_during_the_call() -> None:
     assert not patchreg.registry.is_active("postprocess_detached", model)
 
 
+def test_decorated_generator_runs_patched_until_it_ends() -> None:
+    """@mtp_patched on a generator function (micro-batches yielded one by one) keeps the patch across its yields."""
+    model, batch = build_gpt(), make_batch()
+
+    @mtp_patched(model, detach_encoder=True)
+    def steps(n: int) -> Any:
+        for _ in range(n):
+            yield model(*batch.args(), **batch.kwargs())
+
+    assert [tuple(out.shape) for out in steps(2)] == [(2, 8, 64), (2, 8, 64)]
+    assert not patchreg.registry.is_active("postprocess_detached", model)
+
+
 def test_one_instance_shared_by_threads() -> None:
     """Threads entering the same mtp_patched instance each exit their own enter; the model ends upstream."""
     model = build_gpt()

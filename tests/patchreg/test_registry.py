@@ -961,3 +961,39 @@ def test_errors_while_applying_name_the_patch(patch_registry: Registry) -> None:
         patch_registry.apply(PatchSet("s", (missing,)), sample.Child(), strict=True)
     assert info.value.patch is missing and info.value.target == "nosuchattr"
     assert patch_registry.active() == ()
+
+
+# -- the decorator form ---------------------------------------------------------------------------
+
+
+def test_decorated_generators_and_coroutines_run_inside_the_block(patch_registry: Registry, pristine: Any) -> None:
+    """@patched on a generator or coroutine function keeps the patch while its body runs, and stays that kind."""
+    import asyncio
+    import inspect
+
+    deco = patch_registry.patched(Patch("f", f"{M}:module_func", plain("patched")))
+
+    @deco
+    def gen() -> Any:
+        yield sample.module_func(1)
+        yield sample.module_func(2)
+
+    @deco
+    async def coro() -> Any:
+        await asyncio.sleep(0)
+        return sample.module_func(1)
+
+    @deco
+    async def agen() -> Any:
+        await asyncio.sleep(0)
+        yield sample.module_func(1)
+
+    async def collect() -> list[Any]:
+        return [x async for x in agen()]
+
+    assert inspect.isgeneratorfunction(gen) and inspect.iscoroutinefunction(coro) and inspect.isasyncgenfunction(agen)
+    assert list(gen()) == ["patched", "patched"]
+    assert asyncio.run(coro()) == "patched"
+    assert asyncio.run(collect()) == ["patched"]
+    assert gen.__name__ == "gen" and patch_registry.active() == ()
+    pristine()
