@@ -45,10 +45,9 @@ def _stages(rank: int) -> dict[str, Any]:
     from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
 
     from patches.megatron import mtp_patched
-    from tests.megatron.conftest import HIDDEN, SEQ, VOCAB, make_batch, make_config
+    from tests.megatron.conftest import HIDDEN, SEQ, VOCAB, make_batch
 
-    layout = [["embedding", "decoder", "mtp"], ["loss"]]
-    config = make_config(pipeline_model_parallel_size=2, pipeline_dtype=torch.float32, pipeline_model_parallel_layout=layout)
+    config = standalone_config()
     spec = get_gpt_layer_local_spec()
     torch.manual_seed(0)
     tp_random.model_parallel_cuda_manual_seed(0)
@@ -76,7 +75,7 @@ def _stages(rank: int) -> dict[str, Any]:
 
     tracker.clear()
     upstream = step()
-    upstream_losses = tracker["loss_values"].tolist() if rank == 1 else []
+    upstream_losses = tracker.get("values", tracker.get("loss_values")).tolist() if rank == 1 else []
     tracker.clear()
     with mtp_patched(model, detach_encoder=True) as report:
         patched = step()
@@ -89,3 +88,15 @@ def _stages(rank: int) -> dict[str, Any]:
         "patched_shape": list(patched.shape),
         "patched_losses": list(report.mtp_losses),
     }
+
+
+def standalone_config() -> Any:
+    """A tiny config for PP=2 with the layout [[embedding, decoder, mtp], [loss]] (MTP on its own stage)."""
+    import torch
+
+    from tests.megatron.conftest import make_config
+
+    layout = [["embedding", "decoder", "mtp"], ["loss"]]
+    return make_config(
+        pipeline_model_parallel_size=2, pipeline_dtype=torch.float32, pipeline_model_parallel_layout=layout
+    )
