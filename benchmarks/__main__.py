@@ -54,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     sections += _run(1, "enter + exit vs the peers", lambda: models.cycles(settings))
     sections += _run(2, "scaling", lambda: models.scaling(settings))
     sections += _run(3, "call overhead", lambda: engine.call_overhead(settings))
-    sections += _run(4, "predicates", lambda: engine.predicates(settings, *models.mtp_predicates()))
+    sections += _run(
+        4, "predicates", lambda: engine.predicates(settings, *models.mtp_predicates(), models.first_use_ns)
+    )
     sections += _run(5, "training step", lambda: models.training_step(settings))
     sections += _run(6, "memory hygiene", lambda: models.hygiene(settings))
     sections.sort(key=lambda s: s.number)

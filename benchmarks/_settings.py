@@ -20,6 +20,7 @@ class Settings:
     after_steps: int = 101
     rss_steps: int = 30
     hygiene_models: int = 100
+    first_use_runs: int = 5
 
     @classmethod
     def full(cls) -> Settings:
@@ -39,4 +40,5 @@ class Settings:
             after_steps=3,
             rss_steps=2,
             hygiene_models=10,
+            first_use_runs=1,
         )

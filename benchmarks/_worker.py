@@ -1,6 +1,8 @@
 """``python -m benchmarks._worker SIDE STEPS``: run one side's training steps alone and print its peak RSS as JSON.
 
 Each side runs in its own fresh process so its peak resident set is its own (imports included).
+``python -m benchmarks._worker predicates``: the first evaluation of the MTP set's predicates in a fresh
+process (Megatron-Core imported, nothing evaluated yet), in ns, as JSON.
 """
 
 from __future__ import annotations
@@ -33,9 +35,31 @@ def _reset_peak() -> bool:
     return True
 
 
+def first_use() -> int:
+    """Import what a model needs, then time the first evaluation of every MTP predicate (ns)."""
+    import gc
+    import importlib
+
+    for module in ("megatron.core.models.gpt.gpt_model", "megatron.core.transformer.multi_token_prediction"):
+        importlib.import_module(module)  # as once a model exists; no patch set has evaluated anything yet
+    from benchmarks.models import mtp_predicates
+
+    preds, _ = mtp_predicates()
+    gc.disable()
+    start = time.perf_counter_ns()
+    for pred in preds:
+        pred.evaluate()
+    elapsed = time.perf_counter_ns() - start
+    gc.enable()
+    print(json.dumps({"first_predicates_ns": elapsed}))
+    return 0
+
+
 def main(argv: list[str]) -> int:
-    side, steps = argv[0], int(argv[1])
     warnings.filterwarnings("ignore")
+    if argv[0] == "predicates":
+        return first_use()
+    side, steps = argv[0], int(argv[1])
     from benchmarks import _step
 
     model, batch = _step.model_and_batch()

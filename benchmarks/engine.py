@@ -147,8 +147,11 @@ def call_overhead(settings: Settings) -> Section:
 # -- 4. predicates ----------------------------------------------------------------------
 
 
-def predicates(settings: Settings, preds: Sequence[Predicate], source: str) -> Section:
-    """Evaluate every predicate cold (after ``refresh()``) and warm (cached)."""
+def predicates(
+    settings: Settings, preds: Sequence[Predicate], source: str, first_use: Callable[[], float] | None = None
+) -> Section:
+    """Evaluate every predicate at first use in fresh processes (``first_use``: one run, in ns), cold
+    (after ``refresh()``) and warm (cached)."""
     cold: list[float] = []
     for _ in range(settings.cold_repeat):
         patchreg.refresh()
@@ -169,24 +172,36 @@ def predicates(settings: Settings, preds: Sequence[Predicate], source: str) -> S
     per = Stats(w.median / len(preds), w.min / len(preds), w.max / len(preds), w.samples)
     reasons = [pred.evaluate().reason for pred in preds]
     cold_ms = cold_stats.median / 1e6
+    first = Stats.of([first_use() for _ in range(settings.first_use_runs)]) if first_use is not None else None
+    first_ms = first.median / 1e6 if first is not None else None
+    checked_ms = first_ms if first_ms is not None else cold_ms
     return Section(
         4,
         "First use: predicates cold and warm",
-        ("predicates", "cold, all (ms)", "warm, per predicate"),
+        ("predicates", "first use, all (ms)", "cold after refresh(), all (ms)", "warm, per predicate"),
         [
             (
                 str(len(preds)),
+                "-" if first is None else f"{first_ms:.3f} ({first.min / 1e6:.3f}-{first.max / 1e6:.3f})",
                 f"{cold_ms:.3f} ({cold_stats.min / 1e6:.3f}-{cold_stats.max / 1e6:.3f})",
                 f"{per.median:.0f} ns ({per.min:.0f}-{per.max:.0f})",
             )
         ],
         [
-            Check("predicates cold, whole MTP set", f"{cold_ms:.3f} ms", "<= 5 ms", cold_ms <= 5.0),
+            Check(
+                "predicates at first use, whole MTP set" if first is not None else "predicates cold, whole MTP set",
+                f"{checked_ms:.3f} ms",
+                "<= 5 ms",
+                checked_ms <= 5.0,
+            ),
             Check("predicate warm, per predicate", f"{per.median:.0f} ns", "<= 1 µs", per.median <= 1000),
         ],
         [
-            f"Predicates: {source}. Cold = after `patchreg.refresh()` (answers and importlib's caches dropped); "
-            "the modules themselves are already imported, as they are once a model exists.",
+            f"Predicates: {source}.",
+            f"First use = the first evaluation in a fresh process ({settings.first_use_runs} processes; "
+            "Megatron-Core's modules imported, as they are once a model exists, and nothing evaluated yet): what "
+            "the target is checked on. Cold after `refresh()` = the same in this process, with the answers and "
+            "importlib's caches dropped but the interpreter's other caches warm.",
             *(f"`{pred.describe()}` → {reason}" for pred, reason in zip(preds, reasons, strict=True)),
         ],
     )
