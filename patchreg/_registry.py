@@ -1321,8 +1321,9 @@ def _check_release(layers: list[_Layer]) -> None:
         site = layer.site
         covered = site.covered
         if covered is not None and layer in covered:
-            for upper in covered[layer]:
-                if counts.get(upper, upper.count) > 0 and upper.site.ref() is not None:
+            live = [u for u in covered[layer] if u.count > 0 and u.site.ref() is not None]
+            for upper in live:
+                if counts.get(upper, upper.count) > 0:  # not released earlier in this same batch
                     how = (
                         "through another registry"
                         if upper.site.ref() is site.ref()
@@ -1334,9 +1335,12 @@ def _check_release(layers: list[_Layer]) -> None:
                         "of applying). Nothing was changed."
                     )
                     raise PatchOwnershipError(msg, patch=layer.patch, target=layer.patch.target)
-            del covered[layer]  # those layers are gone: forget them
-            if not covered:
-                site.covered = None
+            if live:  # released earlier in this batch, which may still be refused: keep them
+                covered[layer] = live
+            else:  # those layers are gone: forget them
+                del covered[layer]
+                if not covered:
+                    site.covered = None
         stack = tops.get(site)
         if stack is None:
             stack = tops[site] = site.layers[:]

@@ -742,6 +742,23 @@ def test_revert_all_releases_a_wrap_before_the_replace_it_wraps(patch_registry: 
     pristine()
 
 
+def test_a_refused_batch_release_keeps_every_cover(pristine: Any) -> None:
+    """A revert_all refused part-way (another registry's wrap over one install) forgets no wrap-over-replace cover."""
+    a, b = Registry("a"), Registry("b")
+    a.apply(Patch("f-a", f"{M}:module_func", tagging_wrapper("a"), kind="wrap"))
+    b.apply(Patch("f-b", f"{M}:module_func", tagging_wrapper("b"), kind="wrap"))  # a's wrap is under b's
+    replace = a.apply(Patch("r", f"{M}:Base.inherited", plain("replaced")))
+    a.apply(Patch("w", f"{M}:Child.inherited", tagging_wrapper("w"), kind="wrap"))  # wraps a's replace
+    with pytest.raises(PatchOwnershipError, match="f-b"):
+        a.revert_all()  # w, then r (after w in the same batch), then f-a: refused there
+    with pytest.raises(PatchOwnershipError, match="which wraps it"):
+        a.revert(replace)  # w still calls it
+    assert sample.Child().inherited() == ("w", "replaced")
+    b.revert_all()
+    assert a.revert_all() == 3
+    pristine()
+
+
 # -- checkpoints ----------------------------------------------------------------------------------
 
 
