@@ -110,7 +110,9 @@ FAULT_CLASSES = (
         "Random interleavings (Hypothesis stateful)",
         "apply / revert / enter / exit (any order) / raise inside with / revert_all over 4 overlapping sets and "
         "every target kind, checked against a model of layer stacks and counts after every step; the same over "
-        "two registries on the same targets, with revert by patch, checkpoint and rollback",
+        "two registries on the same targets, with revert by patch, checkpoint and rollback; and over a base "
+        "class, a subclass and its instances, where a wrap of an inherited attribute holds the install it wraps "
+        "(instances dropped too), checking what every call returns",
         "test_stateful",
         (
             ("stateful.examples", "examples"),
@@ -123,6 +125,9 @@ FAULT_CLASSES = (
             ("stateful2.same_patch_stacks", "same patch stacked across registries"),
             ("stateful2.refused_under_other", "releases under the other registry's layer refused"),
             ("stateful2.rollbacks", "rollbacks"),
+            ("stateful_inh.steps", "inherited-attribute steps checked"),
+            ("stateful_inh.refused_covered", "releases refused while a wrap held the install"),
+            ("stateful_inh.drops", "patched instances dropped"),
         ),
     ),
     FaultClass(
@@ -157,6 +162,21 @@ FINDINGS = """\
    restored the attributes it reached first. Fixed; `revert_all()` is all or nothing
    (`test_stateful.py::test_install_over_own_layer_keeps_the_other_registrys_cover`,
    `::test_rollback_after_a_release_by_patch`, `::test_refused_revert_all_changes_nothing`).
+
+6. **A wrap of an inherited attribute (found by review, then by the inherited-attribute machine).** An
+   instance or subclass wrap over a class attribute another install replaced kept calling that install
+   after it was reverted; it now holds it (`test_registry.py::test_a_wrap_over_an_inherited_replace_holds_it_until_reverted`).
+   The machine then found that a release batch refused part-way (`revert_all`, `rollback`) forgot such
+   holds it had already checked (`::test_a_refused_batch_release_keeps_every_cover`,
+   `test_stateful.py::test_refused_rollback_keeps_a_wraps_hold`).
+
+## Open engine bug (pinned by a strict xfail)
+
+- **An instance dropped while two layers sit on one of its attributes is kept alive.** The upper
+  layer keeps the lower install (a method bound to the instance, or a wrapper of one) as the original
+  it displaced, so the registry holds the instance until those layers are reverted
+  (`test_stateful.py::test_instance_with_two_layers_is_freed_when_dropped`). One layer per attribute,
+  and every instance patched inside a `with` block, are not affected.
 
 ## Known limits (documented, not bugs of the promise)
 
