@@ -66,6 +66,9 @@ class _Layer:
     ``owns`` is an ``is`` test for the installed object that keeps no strong reference to an
     instance it was bound to: on instances the installed object (a bound method, usually) is
     held through a weak reference; one that cannot be weakly referenced, by its identity.
+    The original is held weakly too (:class:`_Kept`) where what is installed keeps it alive (it
+    is that very object, or a wrapper of it): a layer over another on an instance then holds no
+    method bound to the instance either.
     """
 
     __slots__ = ("count", "installed", "original", "patch", "seq", "since", "site")
@@ -76,8 +79,22 @@ class _Layer:
         self.count = 1
         self.since = since
         self.seq = next(_SEQUENCE)  # install order across registries (patch.backup stacks by it)
-        self.original = original  # what patch.backup shows; dropped once restored
-        self.installed: Any = installed if site.kind != "instance" else _weak_or_id(installed)
+        self.original = original  # what patch.backup shows (read it through displaced()); dropped once restored
+        self.installed: Any = installed
+        if site.kind == "instance":
+            self.installed = _weak_or_id(installed)
+            if original is not ABSENT and (
+                installed is original or getattr(installed, "__wrapped__", None) is original
+            ):
+                self.original = _Kept.of(original)
+
+    def displaced(self) -> Any:
+        """The original this layer displaced (``_GONE`` once a weakly held one died with what kept it)."""
+        original = self.original
+        if type(original) is not _Kept:
+            return original
+        found = original.ref()
+        return _GONE if found is None else found
 
     def owns(self, current: Any) -> bool:
         """True when ``current`` is the very object this layer installed."""
@@ -93,7 +110,27 @@ class _Layer:
         """True when releasing this layer (the top one) restores exactly: ``current`` is what it installed,
         or the original is already there (someone else put it back or removed the attribute it added, or
         a write of ours stored and then raised, or raised before storing)."""
-        return self.owns(current) or current is self.original
+        return self.owns(current) or current is self.displaced()
+
+
+class _Kept:
+    """An original held weakly because the object installed over it keeps it alive."""
+
+    __slots__ = ("ref",)
+    ref: weakref.ref[Any]
+
+    @staticmethod
+    def of(original: Any) -> Any:
+        """``original`` held weakly where it can be, else itself."""
+        kept = _Kept()
+        try:
+            kept.ref = _Ref(original)
+        except TypeError:
+            return original
+        return kept
+
+
+_GONE = object()  # a weakly held original that died (what kept it alive was removed by someone else)
 
 
 def _weak_or_id(installed: Any) -> Any:
@@ -864,7 +901,10 @@ class Registry:
     def _uninstall(self, layer: _Layer, debug: bool = False) -> None:
         site = layer.site
         holder = site.ref()
-        original = layer.original
+        original = layer.displaced()
+        if original is _GONE:  # releasable() said current is ours, which keeps the original alive: cannot happen
+            msg = f"patchreg lost the original of {site.label}.{site.attr} (patch {layer.patch.name!r})."
+            raise PatchOwnershipError(msg, patch=layer.patch, target=layer.patch.target)
         if site.current() is not original:  # already there (put back by someone, or a write that raised): no write
             _put_back(site, holder, original)
             if site.current() is not original:  # a __setattr__ (a metaclass's, a module's) stored something else
@@ -1075,7 +1115,7 @@ def _originals(patch: Patch) -> list[tuple[Any, Any]]:
             for site in registry._sites.values():
                 holder = site.ref()
                 if holder is not None:
-                    found.extend((la.seq, holder, la.original) for la in site.layers if la.patch is patch)
+                    found.extend((la.seq, holder, la.displaced()) for la in site.layers if la.patch is patch)
     found.sort(key=lambda item: item[0])
     return [(holder, original) for _seq, holder, original in found]
 
@@ -1396,6 +1436,8 @@ def _bind_like(value: Any, holder: Any, attr: str, original: Any) -> Any:
     cls = type(holder)
     if original is not ABSENT:  # something already in vars(instance): bind only if it is our method
         bound = getattr(original, "__self__", None) is holder and callable(original)
+        if bound and getattr(original, "__func__", None) is value:  # the same replacement, bound the same way
+            return original  # (the same patch through another registry): install that very object again
         return value.__get__(holder, cls) if bound and hasattr(value, "__get__") else value
     raw = class_attr(cls, attr, ABSENT)
     if type(raw) is types.FunctionType:

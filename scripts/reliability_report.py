@@ -170,13 +170,13 @@ FINDINGS = """\
    holds it had already checked (`::test_a_refused_batch_release_keeps_every_cover`,
    `test_stateful.py::test_refused_rollback_keeps_a_wraps_hold`).
 
-## Open engine bug (pinned by a strict xfail)
-
-- **An instance dropped while two layers sit on one of its attributes is kept alive.** The upper
-  layer keeps the lower install (a method bound to the instance, or a wrapper of one) as the original
-  it displaced, so the registry holds the instance until those layers are reverted
-  (`test_stateful.py::test_instance_with_two_layers_is_freed_when_dropped`). One layer per attribute,
-  and every instance patched inside a `with` block, are not affected.
+7. **An instance dropped while two layers sat on one of its attributes was kept alive** (found by the
+   inherited-attribute machine). The upper layer held the lower install (a method bound to the
+   instance, or a wrapper of one) as the original it displaced. It now holds it weakly where what it
+   installed keeps it alive (that very object, or a wrapper of it), and the same replace through a
+   second registry installs the very object the first one did
+   (`test_stateful.py::test_instance_with_two_layers_is_freed_when_dropped`,
+   `test_garbage.py::test_drop_with_stacked_layers_not_kept_alive`).
 
 ## Known limits (documented, not bugs of the promise)
 

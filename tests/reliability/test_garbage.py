@@ -96,6 +96,28 @@ def test_drop_while_patched_not_kept_alive(patch_registry: Registry, figures: Fi
     figures.add("garbage.objects_freed_while_patched", len(refs))
 
 
+@pytest.mark.parametrize("stack", ["wrap over replace", "wrap over wrap", "same replace, two registries"])
+def test_drop_with_stacked_layers_not_kept_alive(stack: str) -> None:
+    """Two layers on one instance attribute (one registry or two) do not keep a dropped instance alive."""
+    lower, upper = Registry("lower"), Registry("upper")
+    replace, wrap = Patch("fw", "forward", plain(1)), Patch("w", "forward", tagging("w"), kind="wrap")
+    first, second = {
+        "wrap over replace": (replace, wrap),
+        "wrap over wrap": (Patch("w0", "forward", tagging("w0"), kind="wrap"), wrap),
+        "same replace, two registries": (replace, replace),
+    }[stack]
+    leaf = targets.Leaf()
+    lower.apply(first, leaf)
+    report = upper.apply(second, leaf)
+    if stack == "same replace, two registries":
+        assert len(upper.active()) == 1 and report.installed == 1  # the very object the lower one installed
+    ref = weakref.ref(leaf)
+    del leaf
+    gc.collect()
+    assert ref() is None
+    assert lower.active() == () and upper.active() == ()
+
+
 def test_drop_while_patched_non_binding_freed_by_refcount(patch_registry: Registry, gc_disabled: None) -> None:
     """An instance attribute replaced by a plain value (no bound method, so no cycle) dies by refcount while patched."""
     leaf = targets.Leaf()

@@ -25,8 +25,7 @@ last release is refused, nothing changed, while the wrap lives. After each step 
 ``Sub().meth()`` and ``Base().meth()`` return what the model's stacks say. ``PATCHREG_STATEFUL=1000x60``
 runs every machine with that many examples and steps. It found a refused release batch forgetting the
 holds it had checked (fixed; ``tests/patchreg/test_registry.py`` and the rollback test here keep it
-fixed); the engine still keeps an instance with two layers alive (a strict xfail at the end), so the
-machine drops only instances with one layer until that is fixed.
+fixed), and an instance dropped with two layers on one attribute kept alive (fixed; the last test here).
 """
 
 from __future__ import annotations
@@ -906,13 +905,8 @@ class InheritedMachine(LayerModel):
         self._count("revert_alls")
 
     def _droppable(self) -> list[str]:
-        """The instances with one layer that no entered block holds (a block keeps its object alive).
-
-        One layer: the engine keeps an instance with two alive (the upper layer's original is the lower one's
-        install, bound to the instance); test_instance_with_two_layers_is_freed_when_dropped, a strict xfail,
-        says when that is fixed, and then this takes every patched instance.
-        """
-        return [site for site in sorted(self.insts) if len(self.stacks.get(site, ())) == 1 and not self._held(site)]
+        """The patched instances that no entered block holds (a block keeps its object alive)."""
+        return [site for site in sorted(self.insts) if self.stacks.get(site) and not self._held(site)]
 
     @precondition(lambda self: self._droppable())
     @rule(data=st.data())
@@ -1017,11 +1011,6 @@ def test_refused_rollback_keeps_a_wraps_hold() -> None:
         _clean(registry)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug: a layer installed on an instance over another keeps the lower install (bound to the "
-    "instance) as its original, so the registry keeps a dropped instance with two layers alive",
-)
 def test_instance_with_two_layers_is_freed_when_dropped() -> None:
     """An instance dropped with two layers on it (two applies, one registry) is freed by gc.collect()."""
     registry = Registry("one")
