@@ -783,16 +783,7 @@ class Registry:
         if len(_REGISTRIES) < 2:
             return None
         mine = layers[-1] if layers else None
-        found: tuple[Registry, _Site, _Layer] | None = None
-        for registry in list(_REGISTRIES):
-            if registry is self:
-                continue
-            other = registry._sites.get(key)
-            if other is None or not other.layers or other.ref() is not holder:
-                continue
-            top = other.layers[-1]
-            if top.count > 0 and top.owns(current) and (found is None or top.seq > found[2].seq):
-                found = (registry, other, top)
+        found = _top_owner(key, holder, current, skip=self)
         if found is not None and mine is not None and mine.seq > found[2].seq and mine.owns(current):
             return None  # our own layer is on top (two registries installed the very same object): it covers
         return found
@@ -1310,14 +1301,24 @@ def _inherited_layer(site: _Site, holder: Any) -> tuple[_Site, _Layer] | None:
             break
     else:
         return None
-    found: tuple[_Site, _Layer] | None = None
+    found = _top_owner(key, klass, raw)
+    return None if found is None else found[1:]
+
+
+def _top_owner(
+    key: tuple[int, str], holder: Any, current: Any, skip: Registry | None = None
+) -> tuple[Registry, _Site, _Layer] | None:
+    """The topmost live layer, of any registry but ``skip``, that installed ``current`` on ``holder``'s attribute."""
+    found: tuple[Registry, _Site, _Layer] | None = None
     for registry in list(_REGISTRIES):
+        if registry is skip:
+            continue
         other = registry._sites.get(key)
-        if other is None or not other.layers or other.ref() is not klass:
+        if other is None or not other.layers or other.ref() is not holder:
             continue
         top = other.layers[-1]
-        if top.count > 0 and top.owns(raw) and (found is None or top.seq > found[1].seq):
-            found = (other, top)
+        if top.count > 0 and top.owns(current) and (found is None or top.seq > found[2].seq):
+            found = (registry, other, top)
     return found
 
 
