@@ -446,6 +446,25 @@ class LayerModel(RuleBasedStateMachine):
             FIGURES[f"{self.figures}.{name}"] = FIGURES.get(f"{self.figures}.{name}", 0) + 1
         self.why = ""
 
+    def _release_as_modelled(
+        self, what: str, claims: list[Claim], release: Callable[[], Any]
+    ) -> tuple[Any, int] | None:
+        """Run ``release`` (a revert, an exit, a rollback) where the model predicts for ``claims``.
+
+        None when it was refused, as predicted and changing nothing; else ``(its result, restores predicted)``.
+        """
+        expected = self._model_release(claims)
+        before = Namespaces(self._namespaces())
+        try:
+            restored = release()
+        except PatchOwnershipError as exc:
+            assert expected is None, f"{what} refused, the model allowed it"
+            self._refused(exc, before)
+            self._count(f"refused_{what}s")
+            return None
+        assert expected is not None, f"{what} succeeded, the model refused it ({self.why})"
+        return restored, expected
+
     def _refused(self, exc: PatchOwnershipError, before: Namespaces) -> None:
         """A refusal the model predicted changed nothing; one for a wrap below says which holder wraps it."""
         before.check()
@@ -459,16 +478,10 @@ class LayerModel(RuleBasedStateMachine):
     def revert(self, data: st.DataObject) -> None:
         index = data.draw(st.integers(0, len(self.reports) - 1), label="report")
         report, claim = self.reports[index]
-        expected = self._model_release([claim])
-        before = Namespaces(self._namespaces())
-        try:
-            restored = self.regs[claim.reg].revert(report)
-        except PatchOwnershipError as exc:
-            assert expected is None, "revert refused, the model allowed it"
-            self._refused(exc, before)
-            self._count("refused_reverts")
+        done = self._release_as_modelled("revert", [claim], lambda: self.regs[claim.reg].revert(report))
+        if done is None:
             return
-        assert expected is not None, f"revert succeeded, the model refused it ({self.why})"
+        restored, expected = done
         assert restored == expected
         del self.reports[index]
         self._count("reverts")
@@ -478,16 +491,8 @@ class LayerModel(RuleBasedStateMachine):
     def exit(self, data: st.DataObject) -> None:
         index = data.draw(st.integers(0, len(self.blocks) - 1), label="block")  # any order, either registry
         block, claim = self.blocks[index]
-        expected = self._model_release([claim])
-        before = Namespaces(self._namespaces())
-        try:
-            block.__exit__(None, None, None)
-        except PatchOwnershipError as exc:
-            assert expected is None, "exit refused, the model allowed it"
-            self._refused(exc, before)
-            self._count("refused_exits")
+        if self._release_as_modelled("exit", [claim], lambda: block.__exit__(None, None, None)) is None:
             return
-        assert expected is not None, f"exit succeeded, the model refused it ({self.why})"
         del self.blocks[index]
         self._count("exits")
 
@@ -502,16 +507,10 @@ class LayerModel(RuleBasedStateMachine):
     def rollback(self, data: st.DataObject, forget: bool) -> None:
         reg = data.draw(st.sampled_from(sorted(self.checkpoints)), label="registry")
         checkpoint, since = self.checkpoints[reg]
-        expected = self._model_release(since[::-1])
-        before = Namespaces(self._namespaces())
-        try:
-            restored = self.regs[reg].rollback(checkpoint)
-        except PatchOwnershipError as exc:
-            assert expected is None, "rollback refused, the model allowed it"
-            self._refused(exc, before)
-            self._count("refused_rollbacks")
+        done = self._release_as_modelled("rollback", since[::-1], lambda: self.regs[reg].rollback(checkpoint))
+        if done is None:
             return
-        assert expected is not None, f"rollback succeeded, the model refused it ({self.why})"
+        restored, expected = done
         assert restored == expected
         since.clear()
         if forget:  # dropped: applies from now on are not recorded
