@@ -23,6 +23,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from patchreg._specifiers import diagnose
 from patchreg._targets import ImportPath, identity, parse_import_path
 from patchreg.exceptions import PatchDefinitionError, PatchError, PredicateError
 
@@ -330,8 +331,9 @@ def requires(requirement: str) -> Predicate:
     try:
         parsed = Requirement(requirement)
     except InvalidRequirement as exc:
+        what = diagnose(requirement) or str(exc).splitlines()[0]
         msg = (
-            f"Invalid version specifier {requirement!r} in requires(): {str(exc).splitlines()[0]}. "
+            f"Invalid version specifier {requirement!r} in requires(): {what}{'' if what.endswith('?') else '.'} "
             "Write it as pip does, e.g. 'megatron-core>=0.14,<0.20'."
         )
         raise PatchDefinitionError(msg) from None

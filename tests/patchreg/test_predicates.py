@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+import re
 import sys
 import types
 from collections.abc import Iterator
@@ -11,6 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.version import InvalidVersion, Version
 
 from patchreg import (
     Answer,
@@ -92,6 +97,80 @@ def test_pre_dev_and_local_releases(fake_dists: Any, installed: str, spec: str, 
     answer = requires(f"fake-mcore{spec}").evaluate()
     assert answer.ok is expected, answer.reason
     assert installed in answer.reason
+
+
+@pytest.mark.parametrize(
+    ("requirement", "says"),
+    [
+        ("torch>=abc", "'abc' is not a version."),
+        ("torch=>2", "'=>' is not an operator: did you mean '>='?"),
+        ("torch=<2", "'=<' is not an operator: did you mean '<='?"),
+        ("torch=2", "'=' is not an operator: did you mean '=='?"),
+        ("torch~>1.2", "'~>' is not an operator: did you mean '~='?"),
+        ("torch>=1.0.x", "'1.0.x' is not a version."),
+        ("torch>=1.0, <=abc", "'abc' is not a version."),
+        ("torch (>=abc)", "'abc' is not a version."),
+        ("torch>=1.*", "'.*' works with '==' and '!=' only, not '>=': write '>=1'."),
+        ("torch~=1", "'~=' needs at least two release numbers: write '~=1.0'."),
+        ("torch>=1.0+cpu", "a local version ('+cpu') works with '==' and '!=' only, not '>='."),
+        ("torch>=1 <2", "separate the clauses with commas: write '>=1,<2'."),
+        ("torch>=1,,<2", "it has an empty clause between commas."),
+        ("torch ==", "'==' has no version after it."),
+        ("torch 2.0", "'2.0' has no operator: write '==2.0' for exactly it, or '>=2.0' for it and later."),
+        (">=2", "it starts with an operator: put the distribution's name first"),
+        ("  ", "it is empty"),
+    ],
+)
+def test_malformed_specifier_error_names_what_is_wrong(requirement: str, says: str) -> None:
+    """A malformed requires() string is refused with a sentence about that string, not packaging's generic one."""
+    with pytest.raises(PatchDefinitionError) as info:
+        requires(requirement)
+    message = str(info.value)
+    assert f"Invalid version specifier {requirement!r} in requires(): {says}" in message
+    assert "Expected semicolon" not in message
+    assert message.endswith("Write it as pip does, e.g. 'megatron-core>=0.14,<0.20'.")
+
+
+_NAMES = st.from_regex(r"[a-z][a-z0-9_-]{0,8}[a-z0-9]", fullmatch=True)
+_OPS = st.sampled_from(["==", "!=", "<=", ">=", "<", ">", "~="])
+
+
+@settings(max_examples=200, deadline=None)
+@given(name=_NAMES, op=_OPS, bad=st.text(alphabet="abcxyz0123456789._-+", min_size=1, max_size=10))
+def test_any_non_version_after_an_operator_is_named(name: str, op: str, bad: str) -> None:
+    """For every name, operator and string that is not a version, the error quotes that string as not a version."""
+    assume(_not_a_version(bad))
+    with pytest.raises(PatchDefinitionError, match=re.escape(f"{bad!r} is not a version")):
+        requires(f"{name}{op}{bad}")
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(alphabet="ab1.,=<>!~ ()[];*+-", max_size=16))
+def test_any_string_is_accepted_or_refused_with_a_definition_error(text: str) -> None:
+    """requires() on any string returns a predicate or raises PatchDefinitionError with one sentence, nothing else."""
+    try:
+        Requirement(text)
+    except InvalidRequirement:
+        valid = False
+    else:
+        valid = True
+    if valid and ("[" in text or ";" in text):
+        return  # extras and markers are refused on purpose (tested above)
+    try:
+        requires(text)
+    except PatchDefinitionError as exc:
+        assert not valid, text
+        assert str(exc).startswith(f"Invalid version specifier {text!r} in requires(): ")
+    else:
+        assert valid, text
+
+
+def _not_a_version(text: str) -> bool:
+    try:
+        Version(text)
+    except InvalidVersion:
+        return True
+    return False
 
 
 def test_invalid_specifier_raises_definition_error() -> None:
