@@ -1,26 +1,44 @@
 """PPO-style steps on a tiny real Megatron-Core GPTModel with MTP, on CPU (``make demo``).
 
-Inside ``with cpu_patched(), mtp_patched(model, detach_encoder=True)`` the model returns
-logits, the PPO clipped policy loss is computed from them, and the MTP loss rides along
-through MTPLossAutoScaler (training only the MTP layers). After the block the model
-returns the upstream per-token language-model loss again.
+The model is *built* under ``cpu_patched()``: Megatron-Core reaches for CUDA while building
+(``model_parallel_cuda_manual_seed`` seeds the CUDA RNG tracker, and the layers' init forks it),
+so on a machine without a GPU a model built outside the block fails with "Found no NVIDIA driver".
+
+Inside ``with cpu_patched(), mtp_patched(model, detach_encoder=True)`` the model returns logits,
+the PPO clipped policy loss is computed from them, and the MTP loss rides along through
+MTPLossAutoScaler (training only the MTP layers). After the block the script shows that every
+namespace the two sets touched holds the same objects as before, and that the model's upstream
+per-token loss is bit-equal to that of a never-patched twin holding the same weights.
 """
 
 from __future__ import annotations
 
+import importlib
+import logging
 import os
 import socket
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-import torch
-import torch.distributed as dist
+# The libraries' own noise, silenced here in the example (patchreg never touches warning filters or log levels):
+# Megatron-Core's "Transformer Engine and Apex are not installed", "absl.logging is not installed", a deprecated
+# recompute scope, "GPTModel IS DEPRECATED"; torch's "No CUDA runtime is found, using CUDA_HOME=...".
+warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron(\.|$)")
+warnings.filterwarnings(
+    "ignore", message=r".*(Transformer Engine|Apex is not installed|absl\.logging|scope is deprecated)"
+)
+logging.getLogger("megatron").setLevel(logging.ERROR)
+logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
-from patches.megatron import cpu_patched, mtp_patched
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from patches.megatron import CPU_SET, MTP_DETACH_SET, cpu_patched, mtp_patched  # noqa: E402
 
 VOCAB, SEQ, BATCH, STEPS = 128, 16, 4, 3
 
@@ -85,33 +103,68 @@ def ppo_loss(logits: Any, batch: dict[str, Any], clip: float = 0.2) -> Any:
     return (per_token * batch["loss_mask"]).sum() / batch["loss_mask"].sum()
 
 
-def main() -> None:
+def namespaces(model: Any) -> dict[str, Any]:
+    """Every namespace the two sets may touch, by name: the model, its MTP layers, the CPU set's modules and classes."""
+    found = {"model": model, **{f"model.mtp.layers[{i}]": layer for i, layer in enumerate(model.mtp.layers)}}
+    for patch in (*CPU_SET.patches, *MTP_DETACH_SET.patches):
+        if isinstance(patch.target, str) and ":" in patch.target:  # an import path "pkg.mod:Qual.attr"
+            module_name, qualname = patch.target.split(":")
+            holder, parts = importlib.import_module(module_name), qualname.split(".")[:-1]
+            for part in parts:
+                holder = getattr(holder, part, None)
+            if holder is not None:
+                found[":".join([module_name, *parts[:1]]) if parts else module_name] = holder
+    return found
+
+
+def snapshot(objects: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A copy of each namespace (``vars()``): the same keys bound to the same objects."""
+    return {label: dict(vars(obj)) for label, obj in objects.items()}
+
+
+def same(now: dict[str, Any], before: dict[str, Any]) -> bool:
+    """True when ``now`` holds exactly the keys of ``before``, each bound to the very same object."""
+    return now.keys() == before.keys() and all(now[k] is v for k, v in before.items())
+
+
+def main() -> int:
     start = time.time()
     setup()
-    with cpu_patched():
-        model = build_model()
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        probe = rollout(100)
-        model_args = (probe["input_ids"], probe["position_ids"], probe["attention_mask"])
-        upstream = model(*model_args, labels=probe["labels"])
-        print(f"upstream loss before the block: shape {tuple(upstream.shape)}, mean {upstream.mean():.4f}")
-        with mtp_patched(model, detach_encoder=True) as report:
-            for step in range(STEPS):
-                batch = rollout(step)
-                optimizer.zero_grad()
-                logits = model(batch["input_ids"], batch["position_ids"], batch["attention_mask"],
-                               labels=batch["labels"], loss_mask=batch["loss_mask"])  # fmt: skip
-                loss = ppo_loss(logits, batch)
-                loss.backward()  # the MTP loss's gradient reaches the MTP layers only
-                optimizer.step()
-                depths = ", ".join(f"depth {i + 1} {v:.4f}" for i, v in enumerate(report.mtp_losses))
-                print(f"step {step}: logits {tuple(logits.shape)}  policy loss {loss.item():+.4f}  mtp loss {depths}")
-        print(report)
-        after = model(*model_args, labels=probe["labels"])
-        print(f"after the block the model returns the upstream loss again: shape {tuple(after.shape)}")
+    with cpu_patched():  # the build needs the CPU shims too (see the module docstring)
+        model, twin = build_model(), build_model()  # same seed: the same weights; `twin` is never MTP-patched
+    objects = namespaces(model)
+    before = snapshot(objects)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with cpu_patched(), mtp_patched(model, detach_encoder=True) as report:
+        touched = [label for label, obj in objects.items() if not same(vars(obj), before[label])]
+        for step in range(STEPS):
+            batch = rollout(step)
+            optimizer.zero_grad()
+            logits = model(batch["input_ids"], batch["position_ids"], batch["attention_mask"],
+                           labels=batch["labels"], loss_mask=batch["loss_mask"])  # fmt: skip
+            loss = ppo_loss(logits, batch)
+            loss.backward()  # the MTP loss's gradient reaches the MTP layers only
+            optimizer.step()
+            depths = ", ".join(f"depth {i + 1} {v:.4f}" for i, v in enumerate(report.mtp_losses))
+            print(f"step {step}: logits {tuple(logits.shape)}  policy loss {loss.item():+.4f}  mtp loss {depths}")
+    print(report)
+    print(f"after the block, the {len(touched)} namespaces the two sets touched hold the same objects as before:")
+    restored = [same(vars(objects[label]), before[label]) for label in touched]
+    width = max(map(len, touched), default=0)
+    for label, ok in zip(touched, restored, strict=True):
+        print(f"  {label:<{width}}  {'restored exactly' if ok else 'CHANGED'}")
+    twin.load_state_dict(model.state_dict())  # the weights the steps trained
+    probe = rollout(100)
+    with cpu_patched():  # CPU shims only: no MTP patch on either model
+        args = (probe["input_ids"], probe["position_ids"], probe["attention_mask"])
+        ours, theirs = model(*args, labels=probe["labels"]), twin(*args, labels=probe["labels"])
+    equal = bool(torch.equal(ours, theirs))
+    verdict = "bit-equal to" if equal else "DIFFERENT from"
+    print(f"upstream loss after the block: shape {tuple(ours.shape)}, {verdict} a never-patched twin's (same weights)")
     dist.destroy_process_group()
     print(f"done in {time.time() - start:.1f}s")
+    return 0 if touched and all(restored) and equal else 1
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
