@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export VLLM_TARGET_DEVICE := cpu
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: env demo test test-slow test-matrix lint bench bench-quick reliability clean
+.PHONY: env demo test test-slow test-matrix lint bench bench-quick reliability docs docs-serve clean
 
 env: $(STAMP)
 
@@ -47,5 +47,23 @@ bench: $(STAMP)
 bench-quick: $(STAMP)
 	$(PY) -m benchmarks --quick
 
+# The docs site: its own small environment (mkdocstrings reads the source statically: no torch needed),
+# the packages from pyproject.toml's `docs` extra; --strict fails on a broken link or a missing reference.
+DOCS_VENV := .venv-docs
+DOCS_STAMP := $(DOCS_VENV)/.docs-installed
+
+$(DOCS_STAMP): pyproject.toml
+	@test -x $(DOCS_VENV)/bin/python || { echo "creating $(DOCS_VENV) with $(PY312)"; $(PY312) -m venv $(DOCS_VENV); }
+	$(DOCS_VENV)/bin/python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["docs"]))' > $(DOCS_VENV)/requirements.txt
+	$(DOCS_VENV)/bin/python -m pip install -q --upgrade pip
+	$(DOCS_VENV)/bin/python -m pip install -q -r $(DOCS_VENV)/requirements.txt
+	@touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict --site-dir .cache/site
+
+docs-serve: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs serve
+
 clean:
-	rm -rf $(VENV) .venv-py311 .matrix .cache
+	rm -rf $(VENV) .venv-py311 .venv-docs .matrix .cache

@@ -1,0 +1,56 @@
+"""The docs site's sources: every public name is in the API reference, every page is in the navigation."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+PUBLIC = {
+    "patchreg": "patchreg/__init__.py",
+    "patches.megatron": "patches/megatron/__init__.py",
+    "patches.vllm": "patches/vllm/__init__.py",
+}
+
+
+def _all_of(path: Path) -> list[str]:
+    """The module's ``__all__``, read from its source (no import: patches.* would import torch and vLLM)."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            return list(ast.literal_eval(node.value))
+    msg = f"{path} has no __all__"
+    raise AssertionError(msg)
+
+
+def _reference_text() -> str:
+    return "\n".join(p.read_text() for p in sorted((DOCS / "reference").glob("*.md")))
+
+
+@pytest.mark.parametrize("module", sorted(PUBLIC))
+def test_every_public_name_is_in_the_api_reference(module: str) -> None:
+    """Each name in the module's __all__ has a `::: module.name` entry in docs/reference/ (mkdocstrings renders it)."""
+    names = _all_of(ROOT / PUBLIC[module])
+    assert names, module
+    entries = set(re.findall(r"^::: ([\w.]+)\s*$", _reference_text(), flags=re.MULTILINE))
+    missing = [name for name in names if f"{module}.{name}" not in entries]
+    assert missing == [], f"add `::: {module}.<name>` to docs/reference/ for: {', '.join(missing)}"
+
+
+def test_every_reference_entry_names_a_public_name() -> None:
+    """No reference entry names something private or removed (mkdocs --strict would fail on a missing one)."""
+    public = {f"{m}.{n}" for m, path in PUBLIC.items() for n in _all_of(ROOT / path)}
+    public |= {"patchreg.distributed.assert_consistent", "patchreg.testing.patch_registry"}
+    entries = re.findall(r"^::: ([\w.]+)\s*$", _reference_text(), flags=re.MULTILINE)
+    assert sorted(set(entries) - public) == []
+    assert len(entries) == len(set(entries)), "an entry is listed twice"
+
+
+def test_every_page_is_in_the_navigation_and_exists() -> None:
+    """mkdocs.yml's nav lists each Markdown file under docs/ once, and each listed file exists."""
+    nav = re.findall(r":\s+([\w/.-]+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), flags=re.MULTILINE)
+    pages = sorted(str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md"))
+    assert sorted(nav) == pages
