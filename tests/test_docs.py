@@ -54,3 +54,18 @@ def test_every_page_is_in_the_navigation_and_exists() -> None:
     nav = re.findall(r":\s+([\w/.-]+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), flags=re.MULTILINE)
     pages = sorted(str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md"))
     assert sorted(nav) == pages
+
+
+def test_readme_is_short_and_its_quick_start_is_the_two_commands() -> None:
+    """README.md stays within 12 KB and its Quick start is a code block of exactly `make demo` and `make test`."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.encode()) <= 12 * 1024
+    quick = text.split("## Quick start", 1)[1]
+    assert re.match(r"\s*```\nmake demo\nmake test\n```\n", quick), quick[:80]
+
+
+def test_readme_links_point_at_files_that_exist() -> None:
+    """Each relative link in README.md names a file of the repository (the docs pages among them)."""
+    links = re.findall(r"\]\(([^)#]+)\)", (ROOT / "README.md").read_text())
+    assert links
+    assert [link for link in links if "://" not in link and not (ROOT / link).is_file()] == []
