@@ -24,7 +24,7 @@ import attrs
 
 from patchreg import __version__
 from patchreg._discovery import KNOWN_MODULES, Discovery, Found, LoadError, discover
-from patchreg._format import table
+from patchreg._format import WIDTH, table
 from patchreg._predicates import distributions
 from patchreg._records import Patch
 from patchreg._registry import Registry
@@ -256,13 +256,22 @@ def _write_doctor(rows: Sequence[Diagnosis], errors: Sequence[LoadError], out: T
     stack = ", ".join(f"{name} {_version(name)}" for name in STACK)
     out.write(f"patchreg {__version__} doctor: python {platform.python_version()}, {stack}\n\n")
     cells = [(r.set, r.patch, _install_cell(r), _found(r.versions), r.reason) for r in rows]
-    out.write(table(("set", "patch", "install", "found", "reason"), cells) + "\n")
+    text = table(("set", "patch", "install", "found", "reason"), cells, width=WIDTH, truncate=True, floors=_FLOORS)
+    out.write(text + "\n")
     _write_errors(errors, out)
     ok = sum(r.install for r in rows)
     unneeded = sum(1 for r in rows if not r.install and not r.needed)
     tail = f", {unneeded} not needed here" if unneeded else ""
     tail += f"; {len(errors)} not loaded" if errors else ""
+    if "…" in text:
+        out.write(
+            "\n(reasons cut to fit 100 columns: `patchreg show SET.PATCH` and `doctor --json` print them whole)\n"
+        )
     out.write(f"\n{ok} of {len(rows)} patch(es) would install{tail}.\n")
+
+
+#: The narrowest the doctor table's columns become (the reason keeps room; names wrap).
+_FLOORS = (0, 0, 0, 0, 30)
 
 
 def _install_cell(row: Diagnosis) -> str:
@@ -281,8 +290,11 @@ def _found(versions: dict[str, str]) -> str:
 def _cmd_show(args: argparse.Namespace, found: Discovery, out: TextIO) -> int:
     where, patch = _lookup(found, args.patch)
     answer = _answer(patch)
-    install, reason, _needed = _would_install(patch)
+    install, reason, needed = _would_install(patch)
     kind = "import path" if patch.is_global else "selector, resolved on the object given to apply()"
+    verdict = "yes" if install else ("not needed here" if not needed else "no")
+    said = answer.partition(": ")[2]  # the install line adds only what the answer does not say
+    extra = reason[len(said) :].lstrip("; ") if said and reason.startswith(said) else reason
     lines = [
         ("patch", f"{where.name}.{patch.name}"),
         ("source", where.source),
@@ -290,7 +302,7 @@ def _cmd_show(args: argparse.Namespace, found: Discovery, out: TextIO) -> int:
         ("kind", patch.kind),
         ("predicate", patch.when.describe()),
         ("answer", answer),
-        ("install", f"{'yes' if install else 'no'}: {reason}"),
+        ("install", verdict if install or not extra else f"{verdict}: {extra}"),
         ("found", _found(_versions(patch))),
     ]
     width = max(len(k) for k, _ in lines)
@@ -342,11 +354,8 @@ def _answer(patch: Patch) -> str:
 
 
 def _docstring(patch: Patch) -> str:
-    parts = [patch.doc.strip()] if patch.doc.strip() else []
-    doc = inspect.getdoc(patch.replacement)
-    if doc:
-        parts.append(doc)
-    text = "\n\n".join(parts) or "(the replacement has no docstring)"
+    """The patch's own ``doc`` under the replacement's name; the replacement's docstring when the patch has none."""
+    text = patch.doc.strip() or inspect.getdoc(patch.replacement) or "(the replacement has no docstring)"
     label = "wrapper" if patch.kind == "wrap" else "replacement"
     qualname = getattr(patch.replacement, "__qualname__", type(patch.replacement).__qualname__)
     module = getattr(patch.replacement, "__module__", "")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import inspect
 import io
 import json
 import os
@@ -73,9 +74,16 @@ def test_doctor_all_installable_exits_zero_with_versions() -> None:
     assert set(rows) == {"shout", "tag-method", "tag-forward"}
     assert rows["shout"].split()[2:6] == ["yes", "attrs", ATTRS, "attrs"]
     assert f"attrs {ATTRS} satisfies >=20" in rows["shout"]
-    assert "selector is resolved on the model at apply time" in rows["tag-forward"]
+    assert rows["tag-forward"].endswith("…") and all(len(line) <= 100 for line in out.splitlines())
+    assert "selector is resolved on the model at apply time" in _reasons("sample-ready")["tag-forward"]
     assert out.splitlines()[0].startswith("patchreg ") and "megatron-core" in out.splitlines()[0]
     assert out.rstrip().endswith("3 of 3 patch(es) would install.")
+
+
+def _reasons(name: str, *options: str) -> dict[str, str]:
+    """The whole reason per patch of set ``name``, from `doctor --json` (the table cuts long ones to fit)."""
+    _status, out = cli(*options, "doctor", "--json", name)
+    return {row["patch"]: row["reason"] for row in json.loads(out)}
 
 
 def test_doctor_exits_one_and_says_why_a_patch_would_not_install() -> None:
@@ -86,7 +94,7 @@ def test_doctor_exits_one_and_says_why_a_patch_would_not_install() -> None:
     assert rows["future"].split()[2] == "no"
     assert f"attrs {ATTRS} does not satisfy >=999" in rows["future"]
     assert rows["missing-target"].split()[2] == "no"
-    assert "tests.patchreg.sample:Child.no_such_method does not exist" in rows["missing-target"]
+    assert "tests.patchreg.sample:Child.no_such_method does not exist" in _reasons("sample-skipping")["missing-target"]
     assert rows["shout"].split()[2] == "yes"
     assert out.rstrip().endswith("1 of 3 patch(es) would install.")
 
@@ -353,8 +361,9 @@ def test_doctor_and_show_report_odd_targets_and_predicates_without_a_traceback(o
     assert status == 1
     rows = {line.split()[1]: line for line in out.splitlines() if line.startswith("odd ")}
     reason = "cli_odd_xyz:holder.inner raised RuntimeError: backend not initialised"
-    assert rows["through-property"].split()[2] == "no" and reason in rows["through-property"]
-    assert rows["has-through-property"].split()[2] == "no" and reason in rows["has-through-property"]
+    reasons = _reasons("odd", "-m", odd_modules)
+    assert rows["through-property"].split()[2] == "no" and reason in reasons["through-property"]
+    assert rows["has-through-property"].split()[2] == "no" and reason in reasons["has-through-property"]
     assert rows["unhashable-check"].split()[2] == "yes" and "probe is true" in rows["unhashable-check"]
     status, out = cli("-m", odd_modules, "show", "odd.through-property")
     assert status == 0
@@ -372,3 +381,36 @@ def test_doctor_json_stays_valid_when_a_library_prints_at_import(
     assert status == 0
     assert [(o["patch"], o["install"]) for o in json.loads(captured.out)] == [("kernel", True)]
     assert "noisy lib: using fallback kernels" in captured.err
+
+
+def test_show_says_the_answer_once() -> None:
+    """`show` prints the predicate's reason on the answer line only; the install line adds only what differs."""
+    status, out = cli("show", "sample-ready.shout")
+    assert status == 0
+    assert out.count(f"attrs {ATTRS} satisfies >=20") == 1
+    assert "install    yes\n" in out
+
+
+def test_show_prints_the_patch_doc_instead_of_repeating_the_replacement_docstring() -> None:
+    """A patch with its own doc shows that doc under the replacement's name, not also the replacement's docstring."""
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed")
+    from patches.megatron import POSTPROCESS
+
+    out = io.StringIO()
+    assert run(["show", "megatron-mtp.postprocess"], out=out) == 0
+    text = out.getvalue()
+    assert POSTPROCESS.doc.strip() in text
+    assert (inspect.getdoc(POSTPROCESS.replacement) or "").splitlines()[0] not in text
+    assert text.count("satisfies >=0.13") == 1
+
+
+def test_doctor_fits_100_columns_on_this_environment() -> None:
+    """Plain `doctor` over every known set prints no line wider than 100 columns; --json keeps whole reasons."""
+    out = io.StringIO()
+    run(["doctor"], out=out)
+    lines = out.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 100, max(lines, key=len)
+    whole = io.StringIO()
+    run(["doctor", "--json"], out=whole)
+    longest = max(len(row["reason"] or "") for row in json.loads(whole.getvalue()))
+    assert longest > 60  # this environment has reasons longer than the table's column: they were cut, not lost
