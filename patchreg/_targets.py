@@ -209,6 +209,28 @@ class Selector:
     def __str__(self) -> str:
         return self.path
 
+    def paths(self, obj: Any) -> dict[int, str]:
+        """Where each holder the selector names on ``obj`` sits, by identity: ``model.mtp.layers[0]``.
+
+        The object passed reads ``model``; the chunks of a list or tuple read ``chunks[i]``; an unwrap
+        step shows as the attribute it went through (``model.module.mtp.layers[0]``). The slow walk:
+        for reports and tables only, never on the way to an install.
+        """
+        roots = [(c, f"chunks[{i}]") for i, c in enumerate(obj)] if isinstance(obj, (list, tuple)) else [(obj, "model")]
+        found: dict[int, str] = {}
+        for chunk, root in roots:
+            start = _unwrap_path(chunk, self._steps[0].name, self.unwrap, root)
+            if start is None:
+                continue
+            holders: list[tuple[Any, str]] = [start]
+            for step in self._steps[:-1]:
+                holders, miss = _advance(holders, step)
+                if miss is not None:
+                    break
+            for holder, where in holders:
+                found.setdefault(identity(holder), where)
+        return found
+
     def resolve(self, obj: Any) -> list[Site] | Miss:
         """Every (holder, attribute) the selector names on ``obj``; a Miss says why there is none."""
         if isinstance(obj, (list, tuple)):
@@ -529,18 +551,24 @@ def _unwrap_to(obj: Any, name: str, unwrap: tuple[str, ...]) -> Any:
     """The first object, walking ``unwrap`` attributes breadth first, that has ``name``."""
     if _has_attr(obj, name):
         return obj
-    queue, seen = [obj], set()
+    found = _unwrap_path(obj, name, unwrap, "")
+    return None if found is None else found[0]
+
+
+def _unwrap_path(obj: Any, name: str, unwrap: tuple[str, ...], where: str) -> tuple[Any, str] | None:
+    """:func:`_unwrap_to`'s object and its path: ``where`` followed by the unwrap attributes walked (``.module``)."""
+    queue, seen = [(obj, where)], set()
     while queue:
-        current = queue.pop(0)
+        current, here = queue.pop(0)
         if identity(current) in seen or current is None:
             continue
         seen.add(identity(current))
         if _has_attr(current, name):
-            return current
+            return current, here
         for attr in unwrap:
             inner = getattr(current, attr, None)
             if _is_module_like(inner):
-                queue.append(inner)
+                queue.append((inner, f"{here}.{attr}"))
     return None
 
 
