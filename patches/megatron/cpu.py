@@ -150,6 +150,45 @@ def _te_linear_is_type() -> tuple[bool, str]:
     return False, f"multi_latent_attention.TELinear is a {type(found).__name__} stand-in, not a class (no TE)"
 
 
+def _packed_attention(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Packed sequences (``qkv_format="thd"``) on local ``DotProductAttention``, which refuses them.
+
+    The pack runs as one sequence whose mask keeps each token to its own sequence (``cu_seqlens``, padded
+    ones where given) and, for causal attention, to the tokens before it. The output is TE's ``[t, np*hn]``
+    (``hn``: the value's width, which MLA pads for packed inputs and trims after).
+    """
+    import torch
+
+    bound = inspect.signature(wrapped).bind(*args, **kwargs)
+    a = bound.arguments
+    packed = a.get("packed_seq_params")
+    if packed is None or getattr(packed, "qkv_format", None) != "thd":
+        return wrapped(*args, **kwargs)
+    squeezed = a["query"].dim() == 3  # [t, np, hn], as upstream hands packed inputs to TE
+    query, key, value = (t.unsqueeze(1) if squeezed else t for t in (a["query"], a["key"], a["value"]))
+    cu_q, cu_kv = _cu_seqlens(packed, "q"), _cu_seqlens(packed, "kv")
+    seg_q = torch.searchsorted(cu_q[1:].to(query.device), torch.arange(query.shape[0]), right=True)
+    seg_kv = torch.searchsorted(cu_kv[1:].to(key.device), torch.arange(key.shape[0]), right=True)
+    allowed = seg_q[:, None] == seg_kv[None, :]
+    mask_type = a.get("attn_mask_type") or getattr(instance, "attn_mask_type", None)
+    if getattr(mask_type, "name", None) == "causal":
+        allowed &= torch.arange(key.shape[0])[None, :] <= torch.arange(query.shape[0])[:, None]
+    a.update(query=query, key=key, value=value, attention_mask=~allowed[None, None], packed_seq_params=None)
+    width = instance.hidden_size_per_partition
+    instance.hidden_size_per_partition = value.shape[-1] * instance.num_attention_heads_per_partition
+    try:  # MLA pads the packed value to the key's width (and slices the output back)
+        out = wrapped(*bound.args, **bound.kwargs)
+    finally:
+        instance.hidden_size_per_partition = width
+    return out.squeeze(1) if squeezed else out  # TE's [t, np*hn]
+
+
+def _cu_seqlens(packed: Any, side: str) -> Any:
+    """The pack's cumulative sequence lengths for ``side`` ("q" / "kv"), the padded ones where given."""
+    padded = getattr(packed, f"cu_seqlens_{side}_padded", None)
+    return padded if padded is not None else getattr(packed, f"cu_seqlens_{side}")
+
+
 def _rope_emb(self: Any, max_seq_len: int, offset: int = 0) -> Any:
     """RoPE frequencies ``[s, 1, 1, dim]`` on ``inv_freq``'s own device (upstream moves it to CUDA first)."""
     import torch
@@ -258,6 +297,8 @@ CPU_SET = PatchSet(
               & has(f"{_MLA_MODULE}:TELinear")),
         Patch("mla_local_attention", f"{_DPA}.__init__", _attention_head_dims, kind="wrap",
               when=not_needed_when(accepts(f"{_DPA}.__init__", "k_channels")) & has(f"{_DPA}.__init__")),
+        Patch("packed_local_attention", f"{_DPA}.forward", _packed_attention, kind="wrap",
+              when=accepts(f"{_DPA}.forward", "query", "key", "value", "attention_mask", "packed_seq_params")),
         Patch("rope_init_on_cpu", f"{_ROTARY}.__init__", _rope_on_cpu_init, kind="wrap",
               when=accepts(f"{_ROTARY}.__init__", "use_cpu_initialization")),
         Patch("rope_on_cpu", f"{_ROTARY}.get_emb", _rope_emb,

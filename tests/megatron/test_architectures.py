@@ -229,3 +229,41 @@ def _eval_forward(model: Any, batch: Any) -> Any:
             return model(*batch.args(), **batch.kwargs())
     finally:
         model.train()
+
+
+def _packed(batch: Any) -> Any:
+    """The batch's two rows packed into one ``thd`` sequence (no attention mask)."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    from tests.megatron.arch_models import ArchBatch
+
+    rows, seq = batch.input_ids.shape
+    cu = torch.arange(0, rows * seq + 1, seq, dtype=torch.int32)
+    packing = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=seq, max_seqlen_kv=seq)
+    flat = [t.reshape(1, -1) for t in (batch.input_ids, batch.position_ids)]
+    labels, mask = batch.labels.reshape(1, -1), batch.loss_mask.reshape(1, -1)
+    return ArchBatch(*flat, None, labels, mask, {"packed_seq_params": packing})
+
+
+@pytest.mark.parametrize("name", ["moe", "mla_moe", "gqa_rope"])
+def test_packed_sequences_equal_the_unpacked_batch(name: str) -> None:
+    """Two sequences packed as thd (no attention mask) give the unpacked logits, MTP losses and MTP gradients."""
+    from megatron.core.transformer import multi_token_prediction
+
+    from patches.megatron._compat import parameters
+
+    arch = _arch(name)
+    if "packed_seq_params" not in parameters(multi_token_prediction.roll_tensor)[0]:
+        pytest.skip(
+            f"roll_tensor of megatron-core {MCORE} takes no packed_seq_params: MTP on packed sequences is 0.16+"
+        )
+    batch = _batch()
+    ref, want = reference_grads(arch, batch)
+    model, packed = build_arch(arch), _packed(batch)
+    upstream_logits = reference(model, packed).logits  # upstream's main head on the pack (its losses roll per row)
+    torch.testing.assert_close(upstream_logits.reshape(ref.logits.shape), ref.logits, rtol=1e-5, atol=1e-5)
+    logits, report, got = patched_step(model, packed, detach=True)
+    assert torch.equal(logits, upstream_logits)
+    assert report.mtp_losses == pytest.approx([float(x.detach()) for x in ref.depth_losses], rel=1e-5)
+    for name_ in mtp_params(model):
+        assert rel_err(got[name_], want[name_]) <= 1e-5, name_
