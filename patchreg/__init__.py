@@ -11,6 +11,7 @@ from patchreg._predicates import (
     check,
     has,
     not_needed_when,
+    on_refresh,
     refresh,
     requires,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "decorate",
     "has",
     "not_needed_when",
+    "on_refresh",
     "patched",
     "refresh",
     "registry",

@@ -35,8 +35,7 @@ import typing
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from patchreg import Predicate, has, requires
-from patchreg._predicates import on_refresh
+from patchreg import Predicate, has, on_refresh, requires
 
 __all__ = [
     "BUILTIN_MTP_METHODS",
