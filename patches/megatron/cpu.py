@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import patchreg
-from patches.megatron._compat import MTP, RANDOM, upstream
-from patchreg import Patch, PatchSet, check, has, not_needed_when, requires
+from patches.megatron._compat import MTP, RANDOM, module, parameters, upstream
+from patchreg import Patch, PatchSet, accepts, check, has, not_needed_when, requires
 
 __all__ = ["CPU_SET", "cpu_patched"]
 
@@ -33,6 +33,13 @@ _UTILS = "megatron.core.utils"
 _TRACKER = f"{RANDOM}:CudaRNGStatesTracker"
 _HELPER = f"{MTP}:MTPLossLoggingHelper"
 _MAPPINGS = "megatron.core.tensor_parallel.mappings"
+_ROUTER = "megatron.core.transformer.moe.router"
+_SOFTMAX = "megatron.core.fusions.fused_softmax"
+_MOE_UTILS = "megatron.core.transformer.moe.moe_utils"
+_MLA_MODULE = "megatron.core.transformer.multi_latent_attention"
+_DPA = "megatron.core.transformer.dot_product_attention:DotProductAttention"
+_ROPE = "megatron.core.models.common.embeddings.rotary_pos_embedding"
+_ROTARY = f"{_ROPE}:RotaryEmbedding"
 
 
 def _get_tensor(self: Any, tensor_shape: Any, dtype: Any, name: Any, *args: Any, **kwargs: Any) -> Any:
@@ -104,6 +111,130 @@ def _gather_along_last_dim(input_: Any, group: Any) -> Any:
     return torch.cat(parts, dim=-1).contiguous()
 
 
+def _router_gating(self: Any, input: Any) -> Any:
+    """Router logits on the weights' own device (upstream first moves CPU weights to ``torch.cuda.current_device()``).
+
+    Upstream's ``router_gating_linear`` where it runs without Transformer Engine; on 0.13-0.16 it names
+    ``te_general_gemm``, which those releases leave undefined without TE (``NameError``), so the gate is
+    the same product in plain torch (``router_dtype`` in, ``router_dtype`` out, as upstream's fallback).
+    """
+    import torch
+
+    router_dtype = {"fp32": torch.float32, "fp64": torch.float64}.get(self.config.moe_router_dtype, input.dtype)
+    bias = getattr(self, "bias", None)
+    if "te_general_gemm" in vars(module(_MOE_UTILS)):
+        linear = upstream(_ROUTER, "router_gating_linear")
+        if "bias" in parameters(linear)[0]:  # 0.15+: the router may have a bias
+            return linear(input, self.weight, bias, router_dtype)
+        return linear(input, self.weight, router_dtype)
+    weight = self.weight.to(router_dtype)
+    return torch.nn.functional.linear(input.to(router_dtype), weight, None if bias is None else bias.to(router_dtype))
+
+
+def _default_causal_mask(sq: int) -> Any:
+    """The causal upper-triangular mask ``[sq, sq]`` (True: masked) on the CPU (upstream allocates it on CUDA)."""
+    import torch
+
+    return torch.triu(torch.ones(sq, sq, dtype=torch.bool), diagonal=1)
+
+
+class _NoTELinear:
+    """Stands in for Transformer Engine's ``TELinear`` where MLA holds a non-type stand-in: nothing is one."""
+
+
+def _te_linear_is_type() -> tuple[bool, str]:
+    """Whether MLA's ``TELinear`` is a class (TE installed, or ``None`` guarded by ``HAVE_TE``): no shim then."""
+    found = vars(module(_MLA_MODULE)).get("TELinear")
+    if found is None or isinstance(found, type):
+        return True, f"multi_latent_attention.TELinear is {'None' if found is None else 'a class'}"
+    return False, f"multi_latent_attention.TELinear is a {type(found).__name__} stand-in, not a class (no TE)"
+
+
+def _packed_attention(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Packed sequences (``qkv_format="thd"``) on local ``DotProductAttention``, which refuses them.
+
+    The pack runs as one sequence whose mask keeps each token to its own sequence (``cu_seqlens``, padded
+    ones where given) and, for causal attention, to the tokens before it. The output is TE's ``[t, np*hn]``
+    (``hn``: the value's width, which MLA pads for packed inputs and trims after).
+    """
+    import torch
+
+    bound = inspect.signature(wrapped).bind(*args, **kwargs)
+    a = bound.arguments
+    packed = a.get("packed_seq_params")
+    if packed is None or getattr(packed, "qkv_format", None) != "thd":
+        return wrapped(*args, **kwargs)
+    squeezed = a["query"].dim() == 3  # [t, np, hn], as upstream hands packed inputs to TE
+    query, key, value = (t.unsqueeze(1) if squeezed else t for t in (a["query"], a["key"], a["value"]))
+    cu_q, cu_kv = _cu_seqlens(packed, "q"), _cu_seqlens(packed, "kv")
+    seg_q = torch.searchsorted(cu_q[1:].to(query.device), torch.arange(query.shape[0]), right=True)
+    seg_kv = torch.searchsorted(cu_kv[1:].to(key.device), torch.arange(key.shape[0]), right=True)
+    allowed = seg_q[:, None] == seg_kv[None, :]
+    mask_type = a.get("attn_mask_type") or getattr(instance, "attn_mask_type", None)
+    if getattr(mask_type, "name", None) == "causal":
+        allowed &= torch.arange(key.shape[0])[None, :] <= torch.arange(query.shape[0])[:, None]
+    a.update(query=query, key=key, value=value, attention_mask=~allowed[None, None], packed_seq_params=None)
+    width = instance.hidden_size_per_partition
+    instance.hidden_size_per_partition = value.shape[-1] * instance.num_attention_heads_per_partition
+    try:  # MLA pads the packed value to the key's width (and slices the output back)
+        out = wrapped(*bound.args, **bound.kwargs)
+    finally:
+        instance.hidden_size_per_partition = width
+    return out.squeeze(1) if squeezed else out  # TE's [t, np*hn]
+
+
+def _cu_seqlens(packed: Any, side: str) -> Any:
+    """The pack's cumulative sequence lengths for ``side`` ("q" / "kv"), the padded ones where given."""
+    padded = getattr(packed, f"cu_seqlens_{side}_padded", None)
+    return padded if padded is not None else getattr(packed, f"cu_seqlens_{side}")
+
+
+def _rope_emb(self: Any, max_seq_len: int, offset: int = 0) -> Any:
+    """RoPE frequencies ``[s, 1, 1, dim]`` on ``inv_freq``'s own device (upstream moves it to CUDA first)."""
+    import torch
+
+    freqs = self.get_freqs_non_repeated(max_seq_len, offset)
+    if not self.rotary_interleaved:
+        emb = torch.cat((freqs, freqs), dim=-1)
+    else:
+        emb = torch.stack((freqs.view(-1, 1), freqs.view(-1, 1)), dim=-1).view(freqs.shape[0], -1)
+    return emb[:, None, None, :]
+
+
+def _rope_forward(self: Any, max_seq_len: int, offset: int = 0, packed_seq: bool = False) -> Any:
+    """0.13-0.15's ``RotaryEmbedding.forward`` (no ``get_emb``): the CPU embedding, sliced for this CP rank."""
+    emb = _rope_emb(self, max_seq_len, offset)
+    cp_group = getattr(self, "cp_group", None)
+    if cp_group is not None and cp_group.size() > 1 and not packed_seq:
+        emb = upstream(_ROPE, "get_pos_emb_on_this_cp_rank")(emb, 0, cp_group)
+    return emb
+
+
+def _rope_on_cpu_init(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Build the RoPE frequencies on the CPU (MLA constructs its RotaryEmbedding without use_cpu_initialization)."""
+    bound = inspect.signature(wrapped).bind(*args, **kwargs)
+    bound.arguments["use_cpu_initialization"] = True
+    return wrapped(*bound.args, **bound.kwargs)
+
+
+def _attention_head_dims(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Local ``DotProductAttention`` with MLA's ``k_channels`` / ``v_channels`` (upstream's takes neither).
+
+    The key width sets the default softmax scale, the value width the output's width per head; upstream
+    derives both from ``kv_channels``.
+    """
+    import math
+
+    k_channels, v_channels = kwargs.pop("k_channels", None), kwargs.pop("v_channels", None)
+    if k_channels is not None and kwargs.get("softmax_scale") is None:
+        kwargs["softmax_scale"] = 1.0 / math.sqrt(k_channels)  # upstream still divides by its layer coefficient
+    result = wrapped(*args, **kwargs)
+    if v_channels is not None:
+        instance.hidden_size_per_attention_head = v_channels
+        instance.hidden_size_per_partition = v_channels * instance.num_attention_heads_per_partition
+    return result
+
+
 def _seed_tracker(keys: tuple[str, ...]) -> Any:
     def seed(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         import torch
@@ -157,6 +288,24 @@ CPU_SET = PatchSet(
         Patch("rng_tracker_fork", f"{_TRACKER}.fork", _tracker_fork, when=has(f"{_TRACKER}.fork")),
         Patch("tp_gather_on_cpu", f"{_MAPPINGS}:_gather_along_last_dim", _gather_along_last_dim,
               when=has(f"{_MAPPINGS}:_gather_along_last_dim")),
+        Patch("causal_mask_on_cpu", f"{_SOFTMAX}:get_default_causal_mask", _default_causal_mask,
+              when=has(f"{_SOFTMAX}:get_default_causal_mask")),
+        Patch("moe_router_on_cpu", f"{_ROUTER}:Router.gating", _router_gating,
+              when=has(f"{_ROUTER}:Router.gating") & has(f"{_ROUTER}:router_gating_linear")),
+        Patch("mla_no_te_linear", f"{_MLA_MODULE}:TELinear", _NoTELinear,
+              when=not_needed_when(check(_te_linear_is_type, "MLA's TELinear is a class or None"))
+              & has(f"{_MLA_MODULE}:TELinear")),
+        Patch("mla_local_attention", f"{_DPA}.__init__", _attention_head_dims, kind="wrap",
+              when=not_needed_when(accepts(f"{_DPA}.__init__", "k_channels")) & has(f"{_DPA}.__init__")),
+        Patch("packed_local_attention", f"{_DPA}.forward", _packed_attention, kind="wrap",
+              when=accepts(f"{_DPA}.forward", "query", "key", "value", "attention_mask", "packed_seq_params")),
+        Patch("rope_init_on_cpu", f"{_ROTARY}.__init__", _rope_on_cpu_init, kind="wrap",
+              when=accepts(f"{_ROTARY}.__init__", "use_cpu_initialization")),
+        Patch("rope_on_cpu", f"{_ROTARY}.get_emb", _rope_emb,
+              when=has(f"{_ROTARY}.get_emb") & accepts(f"{_ROTARY}.get_emb", "max_seq_len", "offset")),
+        Patch("rope_forward_on_cpu", f"{_ROTARY}.forward", _rope_forward,
+              when=not_needed_when(has(f"{_ROTARY}.get_emb"))
+              & accepts(f"{_ROTARY}.forward", "max_seq_len", "offset", "packed_seq")),
         Patch("mtp_tracker_device", f"{_HELPER}.save_loss_to_tracker", _seed_tracker(("values",)), kind="wrap",
               when=not_needed_when(check(_loss_tracker_not_needed, "save_loss_to_tracker needs no CPU shim"))
               & has(f"{_HELPER}.save_loss_to_tracker")),
