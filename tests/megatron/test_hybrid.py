@@ -113,13 +113,22 @@ def test_block_exit_restores_every_touched_namespace_and_frees_the_model() -> No
 
 
 def test_a_model_outside_the_block_keeps_upstream_behaviour() -> None:
-    """While one HybridModel is patched, another one's forward (and MTP loss) is upstream's, bit for bit."""
-    patched, other, batch = build_hybrid(seed=1), build_hybrid(seed=2), make_batch()
-    want = other(*batch.args(), **batch.kwargs())
+    """While one HybridModel is patched, another one's loss and gradients (MTP included) are upstream's, bit for bit."""
+    patched, other, batch = build_hybrid(seed=1), build_hybrid(seed=2, tied=True), make_batch()
+
+    def upstream_step() -> tuple[Any, dict[str, Any]]:
+        other.zero_grad(set_to_none=True)
+        loss = other(*batch.args(), **batch.kwargs())
+        loss.sum().backward()
+        return loss, {n: grad_of(p).clone() for n, p in other.named_parameters()}
+
+    want_loss, want = upstream_step()
     with mtp_patched(patched, detach_encoder=True):
-        got = other(*batch.args(), **batch.kwargs())
+        got_loss, got = upstream_step()
         assert patched(*batch.args(), **batch.kwargs()).shape == (2, 8, 64)
-    assert got.shape == (2, 8) and torch.equal(got, want)
+    assert got_loss.shape == (2, 8) and torch.equal(got_loss, want_loss)
+    for name, grad in want.items():
+        assert torch.equal(got[name], grad), name
 
 
 @pytest.mark.parametrize(

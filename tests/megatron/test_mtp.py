@@ -418,6 +418,17 @@ def test_non_gpt_model_is_refused_with_the_remedy() -> None:
         pass
 
 
+def test_mamba_model_without_mtp_is_refused_naming_it_and_the_release() -> None:
+    """A MambaModel on a release where it has no MTP (before 0.17) is refused, naming MambaModel and the release."""
+    mamba = pytest.importorskip("megatron.core.models.mamba.mamba_model", reason="no MambaModel on this release")
+    if hasattr(mamba, "process_mtp_loss"):
+        pytest.skip(f"MambaModel has MTP on megatron-core {MCORE} (tests/megatron/test_hybrid.py covers it)")
+    model = mamba.MambaModel.__new__(mamba.MambaModel)  # the real class; refused before anything is built or read
+    torch.nn.Module.__init__(model)
+    with pytest.raises(UnsupportedModelError, match=rf"MambaModel on megatron-core {MCORE} has no MTP"):
+        mtp_patched(ModuleWrapper(model))
+
+
 RECOMPUTE = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
 
 
