@@ -160,19 +160,40 @@ def _torch_norm(config: Any, hidden_size: int, eps: float = 1e-5, *args: Any, **
     return WrappedTorchNorm(config=config, hidden_size=hidden_size, eps=eps)
 
 
+def _stack_with_te_norm() -> str | None:
+    """Which stack module builds the hard-coded TENorm final norm: HybridStack (0.18+), MambaStack (0.13-0.17)."""
+    for where in (_HYBRID_BLOCK, _MAMBA_BLOCK):
+        if has(f"{where}:TENorm").evaluate().ok:
+            return where
+    return None
+
+
+def _hybrid_norm_not_needed() -> tuple[bool, str]:
+    """HybridStack's final norm needs the shim where HybridStack exists; before 0.18 MambaStack builds it."""
+    where = _stack_with_te_norm()
+    if where == _HYBRID_BLOCK:
+        return False, "HybridStack hard-codes TENorm as its final norm"
+    if where == _MAMBA_BLOCK:
+        return True, "no HybridStack before megatron-core 0.18; MambaStack builds the final norm (mamba_final_norm)"
+    return True, "no HybridStack or MambaStack with a TENorm final norm on this release"
+
+
 def _mamba_norm_not_needed() -> tuple[bool, str]:
-    """From 0.18 the final norm is HybridStack's (MambaStack is gone or an alias); 0.17 builds it in MambaStack."""
-    answer = has(f"{_HYBRID_BLOCK}:TENorm").evaluate()
-    if answer.ok:
+    """MambaStack's final norm needs the shim before 0.18; from 0.18 HybridStack builds it (MambaModel is a HybridModel)."""
+    where = _stack_with_te_norm()
+    if where == _MAMBA_BLOCK:
+        return False, "MambaStack hard-codes TENorm as its final norm"
+    if where == _HYBRID_BLOCK:
         return True, "HybridStack builds the final norm on this release (hybrid_final_norm)"
-    return False, "MambaStack builds the final norm (0.17)"
+    return True, "no HybridStack or MambaStack with a TENorm final norm on this release"
 
 
 _HYBRID_NORM_PATCHES = (
     Patch("hybrid_final_norm", f"{_HYBRID_BLOCK}:TENorm", _torch_norm,
-          when=has(f"{_HYBRID_BLOCK}:TENorm")),
+          when=not_needed_when(check(_hybrid_norm_not_needed, "HybridStack's final norm needs no shim"))
+          & has(f"{_HYBRID_BLOCK}:TENorm")),
     Patch("mamba_final_norm", f"{_MAMBA_BLOCK}:TENorm", _torch_norm,
-          when=not_needed_when(check(_mamba_norm_not_needed, "HybridStack builds the final norm"))
+          when=not_needed_when(check(_mamba_norm_not_needed, "MambaStack's final norm needs no shim"))
           & has(f"{_MAMBA_BLOCK}:TENorm")),
 )  # fmt: skip
 # --- end hybrid_final_norm ---

@@ -31,7 +31,7 @@ from tests.megatron.hybrid_models import (
     mtp_params,
     trunk_params,
 )
-from tests.megatron.test_mtp import ModuleWrapper, VisionLanguage, applicable, grad_of, rl_mode
+from tests.megatron.test_mtp import ModuleWrapper, VisionLanguage, applicable, grad_of, record_patches, rl_mode
 
 CLASS = hybrid_class().__name__
 
@@ -296,6 +296,16 @@ def test_recompute_gives_the_same_gradients(detach: bool) -> None:
     for name, grad in want.items():
         assert rel_err(got[name], grad) <= 1e-6, name
     assert any(torch.count_nonzero(g) for n, g in got.items() if n.startswith("mtp."))
+
+
+@pytest.mark.parametrize("detach", [False, True], ids=["trunk", "detached"])
+def test_every_patch_of_the_set_is_held_or_skipped_with_a_reason(detach: bool) -> None:
+    """On a hybrid model each patch of the chosen set is held or skipped with this release's reason."""
+    with mtp_patched(build_hybrid(), detach_encoder=detach) as report:
+        names = {e.patch for e in report.entries} | {name for name, _ in report.skipped}
+        record_patches(CLASS, detach, report)
+    assert names == set((HYBRID_MTP_DETACH_SET if detach else HYBRID_MTP_SET).names)
+    assert all(reason for _, reason in report.skipped)
 
 
 def test_sets_name_the_same_guarantees_for_both_detach_modes() -> None:

@@ -198,13 +198,16 @@ def rl_mode() -> bool:
 def test_labels_none_trains_mtp_as_upstream_rl_mode(tied: bool) -> None:
     """labels=None inside the block equals plain upstream: RL mode's losses and gradients (0.19+), else no MTP."""
     batch = make_batch()
-    want_logits, want, want_losses = labels_none_step(build_gpt(tied=tied, mtp_num_layers=2), batch, patched=False)
-    logits, got, losses = labels_none_step(build_gpt(tied=tied, mtp_num_layers=2), batch, patched=True)
-    assert torch.equal(logits, want_logits)
-    if not rl_mode():  # 0.17/0.18 upstream returns logits and trains no MTP; 0.13-0.16 upstream crashes
-        assert losses == ()
+    model = build_gpt(tied=tied, mtp_num_layers=2)
+    if not rl_mode():  # 0.17/0.18 upstream returns logits and trains no MTP; 0.13-0.16 upstream fails on labels=None
+        ref = reference(model, batch)
+        logits, got, losses = labels_none_step(model, batch, patched=True)
+        assert torch.equal(logits, ref.logits) and losses == ()
         assert all(torch.count_nonzero(g) == 0 for n, g in got.items() if n.startswith("mtp."))
         return
+    want_logits, want, want_losses = labels_none_step(build_gpt(tied=tied, mtp_num_layers=2), batch, patched=False)
+    logits, got, losses = labels_none_step(model, batch, patched=True)
+    assert torch.equal(logits, want_logits)
     assert len(losses) == 2 and losses == pytest.approx(want_losses, rel=1e-6)
     worst = max(float((got[n] - g).abs().max()) for n, g in want.items())
     record_measurement(f"rl-mode parity max abs grad diff (GPTModel, tied={tied})", worst)
@@ -410,6 +413,22 @@ def test_report_prints_installed_and_skipped_with_reasons() -> None:
     assert names == set(MTP_DETACH_SET.names)
     assert all(reason for _, reason in report.skipped)
     assert "megatron-core" in text and "postprocess_detached" in text
+
+
+def record_patches(model_class: str, detach: bool, report: Any) -> None:
+    """Note which patches a block installed and which it skipped (with the reason) for the matrix's summary."""
+    entry = {"installed": sorted({e.patch for e in report.entries}), "skipped": dict(report.skipped)}
+    record_measurement(f"patches ({model_class}, detach={detach})", entry)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("detach", [False, True], ids=["trunk", "detached"])
+def test_every_patch_of_the_set_is_held_or_skipped_with_a_reason(detach: bool) -> None:
+    """On a GPTModel each patch of the chosen set is held or skipped with this release's reason (the matrix lists them)."""
+    with mtp_patched(build_gpt(), detach_encoder=detach) as report:
+        names = {e.patch for e in report.entries} | {name for name, _ in report.skipped}
+        record_patches("GPTModel", detach, report)
+    assert names == set((MTP_DETACH_SET if detach else MTP_SET).names)
+    assert all(reason for _, reason in report.skipped)
 
 
 def test_non_gpt_model_is_refused_with_the_remedy() -> None:
