@@ -5,7 +5,9 @@
 #   0.13.1-0.16.1: .venv-py311 (Python 3.11, CPU torch; 0.15 JIT-builds a CUDA extension under a CUDA torch)
 #   0.17.1, 0.18.2: .venv (Python 3.12, the default lane's environment)
 # Environment: MATRIX_RELEASES="0.17.1 0.18.2" to run a subset (0.19.2 runs on .venv without overlay),
+# MATRIX_OUT=<dir> for the logs and measurements (default .matrix),
 # PY311 / PY312 to use other interpreters, PYTEST_ARGS for extra pytest arguments.
+# The summary (scripts/matrix_summary.py) is read from what the tests write to $PATCHREG_MEASUREMENTS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -15,7 +17,8 @@ PY311=${PY311:-$VENV311/bin/python}
 PY312=${PY312:-$ROOT/.venv/bin/python}
 TORCH_CPU_REQ=${TORCH_CPU_REQ:-torch==2.13.0+cpu}
 MATRIX=$ROOT/.matrix
-mkdir -p "$MATRIX"
+OUT=${MATRIX_OUT:-$MATRIX}  # logs and measurements (MATRIX_OUT: elsewhere, e.g. when .matrix is shared)
+mkdir -p "$MATRIX" "$OUT"
 
 say() { printf '%s\n' "$*" >&2; }
 
@@ -55,28 +58,22 @@ run_release() {  # pytest for one release; prints nothing but pytest's tail, ret
     local found
     found=$(PYTHONPATH=$overlay "$py" -c 'import importlib.metadata as m; print(m.version("megatron-core"))' 2>/dev/null)
     [ "$found" = "$ver" ] || { say "overlay for $ver reports megatron-core ${found:-none}"; return 1; }
-    rm -f "$MATRIX/$ver.measurements.jsonl"
+    rm -f "$OUT/$ver.measurements.jsonl"
     local suite status=0
     for suite in megatron patchreg; do
-        PYTHONPATH=$overlay PATCHREG_MEASUREMENTS=$MATRIX/$ver.measurements.jsonl \
+        PYTHONPATH=$overlay PATCHREG_MEASUREMENTS=$OUT/$ver.measurements.jsonl \
             "$py" -m pytest "tests/$suite" -m "not slow" -q -p no:cacheprovider ${PYTEST_ARGS:-} \
-            >"$MATRIX/$ver.$suite.log" 2>&1
+            >"$OUT/$ver.$suite.log" 2>&1
         local rc=$?
         SUITES+=("$suite $([ $rc = 0 ] && echo pass || echo FAIL)")
         [ $rc = 0 ] || status=1
-        tail -n 1 "$MATRIX/$ver.$suite.log" >&2
+        tail -n 1 "$OUT/$ver.$suite.log" >&2
     done
     return $status
 }
 
-measured() {  # "logits <max abs> | mtp grads <max abs>" from the release's measurements
-    "$PY312" - "$MATRIX/$1.measurements.jsonl" <<'EOF' 2>/dev/null || echo "-"
-import json, sys
-rows = [json.loads(line) for line in open(sys.argv[1])]
-logit = max((r["value"] for r in rows if r["key"].startswith("logits")), default=float("nan"))
-grads = max((r["value"] for r in rows if r["key"].startswith("mtp grad")), default=float("nan"))
-print(f"logits {logit:.1e} | mtp grads {grads:.1e}")
-EOF
+measured() {  # per model class: max abs diff of logits / MTP grads vs the reference, RL-mode parity, patches
+    "$PY312" "$ROOT/scripts/matrix_summary.py" "$OUT/$1.measurements.jsonl" 2>/dev/null || echo "    -"
 }
 
 case " $RELEASES " in *" 0.13."* | *" 0.14."* | *" 0.15."* | *" 0.16."*) ensure_py311 || exit 1 ;; esac
@@ -89,10 +86,12 @@ for ver in $RELEASES; do
     SUITES=()
     if run_release "$ver"; then result=pass; else result=FAIL; failed=1; fi
     detail=$(IFS=,; echo "${SUITES[*]:-setup failed}")
-    summary+=("$(printf '%-8s %-5s %4ss  [%s]  %s' "$ver" "$result" "$((SECONDS - start))" "$detail" "$(measured "$ver")")")
+    summary+=("$(printf '  %-8s %-5s %4ss  [%s]' "$ver" "$result" "$((SECONDS - start))" "$detail")")
+    summary+=("$(measured "$ver")")
 done
 
 say ""
-say "megatron-core matrix (logs in .matrix/<ver>.<suite>.log; max abs diff vs the reference):"
-for line in "${summary[@]}"; do say "  $line"; done
+say "megatron-core matrix (logs in $OUT/<ver>.<suite>.log); per release x model class: max abs diff of the"
+say "logits and MTP gradients vs the reference, upstream RL-mode (labels=None) parity, patches installed/skipped:"
+for line in "${summary[@]}"; do say "$line"; done
 exit $failed

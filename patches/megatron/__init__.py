@@ -1,4 +1,4 @@
-"""Megatron-Core patch sets: MTP for PPO (``mtp_patched``) and CPU shims (``cpu_patched``)."""
+"""Megatron-Core patch sets: MTP for PPO (``mtp_patched``; GPTModel, HybridModel, MambaModel 0.17) and CPU shims."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from patches.megatron.errors import (
 from patches.megatron.mtp import (
     CHECKPOINTED_FORWARD,
     DETACH_EMBEDDINGS,
+    HYBRID_MTP_DETACH_SET,
+    HYBRID_MTP_SET,
     MTP_DETACH_SET,
     MTP_SET,
     POSTPROCESS,
@@ -24,6 +26,8 @@ __all__ = [
     "CHECKPOINTED_FORWARD",
     "CPU_SET",
     "DETACH_EMBEDDINGS",
+    "HYBRID_MTP_DETACH_SET",
+    "HYBRID_MTP_SET",
     "MTP_DETACH_SET",
     "MTP_SET",
     "POSTPROCESS",

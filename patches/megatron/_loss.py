@@ -16,8 +16,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from patches.megatron._compat import MTP, adapter, module, per_function, upstream
+from patchreg import accepts
 
-__all__ = ["LastLosses", "attach_mtp_loss", "last_losses", "process_groups", "roll"]
+#: Upstream's RL mode (0.19+): ``process_mtp_loss(..., labels=None, input_ids=...)`` derives the MTP labels.
+RL_MODE = accepts(f"{MTP}:process_mtp_loss", "input_ids")
+_RL_MODE: list[bool] = []  # the predicate's answer, once read
+
+__all__ = ["RL_MODE", "LastLosses", "attach_mtp_loss", "last_losses", "process_groups", "rl_mode", "roll"]
 
 
 class LastLosses:
@@ -89,6 +94,24 @@ def _takes_all_roll_args(roll_tensor: Any) -> bool:
     return _ROLL_ARGS.issubset(adapter(roll_tensor).names)
 
 
+def rl_mode() -> bool:
+    """Whether this release trains MTP with ``labels=None`` (labels from ``input_ids``): upstream's RL mode."""
+    if not _RL_MODE:
+        _RL_MODE.append(RL_MODE.evaluate().ok)
+    return _RL_MODE[0]
+
+
+def rl_labels(args: dict[str, Any], cp_group: Any, packed: Any) -> tuple[Any, Any]:
+    """Upstream's RL mode: labels are ``input_ids`` rolled left once, and the mask (aligned with ``input_ids``)
+    is rolled with them, so the fabricated last label is masked; no mask: all ones, then rolled."""
+    import torch
+
+    labels, _ = roll(args["input_ids"], cp_group, packed)
+    mask = args.get("loss_mask")
+    mask, _ = roll(torch.ones_like(labels) if mask is None else mask, cp_group, packed)
+    return labels, mask
+
+
 def _head_weight(model: Any, output_weight: Any, detach: bool) -> Any:
     """The output weight the MTP logits use: detached when the encoder (or the heads) are detached."""
     if not (detach or getattr(model.config, "mtp_detach_heads", False)):
@@ -104,11 +127,15 @@ def attach_mtp_loss(
     import torch
 
     cfg = model.config
-    labels, mask = args["labels"], args.get("loss_mask")
-    mask = torch.ones_like(labels) if mask is None else mask
-    total_tokens = mask.sum()
     cp_group, tp_group = process_groups(model)
     packed, gather = args.get("packed_seq_params"), args.get("runtime_gather_output")
+    labels, mask = args["labels"], args.get("loss_mask")
+    if labels is None:  # upstream's RL mode (the callers ask rl_mode() first)
+        if args.get("input_ids") is None:
+            return hidden  # nothing to derive labels from: no MTP loss, as upstream
+        labels, mask = rl_labels(args, cp_group, packed)
+    mask = torch.ones_like(labels) if mask is None else mask
+    total_tokens = mask.sum()
     weight = _head_weight(model, output_weight, detach)
     scale = cfg.mtp_loss_scaling_factor / cfg.mtp_num_layers
     per_token = cfg.calculate_per_token_loss  # renormalise against the main loss's token count

@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from patches.megatron._compat import adapter, binder, parameters, per_function, upstream
-from patches.megatron._loss import attach_mtp_loss, process_groups, roll
+from patches.megatron._loss import attach_mtp_loss, process_groups, rl_mode, roll
 
-__all__ = ["postprocess", "postprocess_detached"]
+__all__ = ["in_inference", "postprocess", "postprocess_detached"]
 
 _NO_INFERENCE_MODE = object()
 _inference_mode: Any = None
@@ -47,7 +47,7 @@ def _inference_mode_cls() -> Any:
     return _inference_mode
 
 
-def _in_inference(self: Any, a: dict[str, Any]) -> bool:
+def in_inference(self: Any, a: dict[str, Any]) -> bool:
     """Inference as the release itself decides it (0.18+: InferenceMode; before: a context outside training)."""
     mode = _inference_mode_cls()
     if mode is not _NO_INFERENCE_MODE:
@@ -60,7 +60,7 @@ def _postprocess(self: Any, args: tuple[Any, ...], kwargs: dict[str, Any], detac
     import torch
 
     a = _bind(self, args, kwargs)
-    if _in_inference(self, a):
+    if in_inference(self, a):
         return type(self)._postprocess(self, *args, **kwargs)
     hidden, depth = a["hidden_states"], self.config.mtp_num_layers or 0
     output_weight = self.shared_embedding_or_output_weight() if self.share_embeddings_and_output_weights else None
@@ -73,7 +73,7 @@ def _postprocess(self: Any, args: tuple[Any, ...], kwargs: dict[str, Any], detac
         hidden, *states = torch.chunk(hidden, 1 + depth, dim=0)
     if not self.post_process:
         return hidden
-    if states and a["labels"] is not None:
+    if states and (a["labels"] is not None or rl_mode()):
         hidden = attach_mtp_loss(self, hidden, states, a, output_weight, detach)
     if a.get("output_processor") is not None:
         return _output_processor(self, a, hidden, output_weight)
@@ -84,10 +84,10 @@ def _postprocess(self: Any, args: tuple[Any, ...], kwargs: dict[str, Any], detac
 
 
 def _runs_mtp_here(self: Any, a: dict[str, Any], depth: int) -> bool:
-    """MTP layers live on this chunk, and either labels are given or a later stage expects their output."""
+    """MTP layers live on this chunk, and labels are given (or derived: upstream's RL mode), or a later stage expects their output."""
     if not (a.get("mtp_in_postprocess") and depth and getattr(self, "mtp", None) is not None):
         return False
-    return a["labels"] is not None or not self.post_process
+    return a["labels"] is not None or not self.post_process or rl_mode()
 
 
 def _mtp_on_earlier_stage(self: Any) -> bool:

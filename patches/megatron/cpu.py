@@ -12,6 +12,8 @@ module-level patches, each gated per release:
   (``save_loss_to_tracker`` on 0.14-0.18, ``save_metrics_to_tracker`` from 0.19; each is "not needed" on the
   releases where the other one logs the MTP loss, and ``mtp_tracker_device`` on 0.13, which allocates on the loss's
   device already)
+- ``hybrid_final_norm``: the final norm ``HybridStack`` (0.18+) / ``MambaStack`` (0.17) hard-code as ``TENorm`` is
+  built as a torch norm (``WrappedTorchNorm``) while the model is built
 
 Usage: ``with cpu_patched(), mtp_patched(model): ...``.
 """
@@ -277,6 +279,56 @@ def _metrics_tracker_not_needed() -> tuple[bool, str]:
     return False, "MTPLossLoggingHelper has neither save_metrics_to_tracker nor save_loss_to_tracker"
 
 
+# --- hybrid_final_norm (helper `hybrid`, issue 14): HybridStack / MambaStack's hard-coded TENorm final norm. ---
+_HYBRID_BLOCK = "megatron.core.models.hybrid.hybrid_block"
+_MAMBA_BLOCK = "megatron.core.ssm.mamba_block"
+
+
+def _torch_norm(config: Any, hidden_size: int, eps: float = 1e-5, *args: Any, **kwargs: Any) -> Any:
+    """Build the stack's final norm as a torch LayerNorm / RMSNorm (``WrappedTorchNorm``) instead of TENorm."""
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    return WrappedTorchNorm(config=config, hidden_size=hidden_size, eps=eps)
+
+
+def _stack_with_te_norm() -> str | None:
+    """Which stack module builds the hard-coded TENorm final norm: HybridStack (0.18+), MambaStack (0.13-0.17)."""
+    for where in (_HYBRID_BLOCK, _MAMBA_BLOCK):
+        if has(f"{where}:TENorm").evaluate().ok:
+            return where
+    return None
+
+
+def _hybrid_norm_not_needed() -> tuple[bool, str]:
+    """HybridStack's final norm needs the shim where HybridStack exists; before 0.18 MambaStack builds it."""
+    where = _stack_with_te_norm()
+    if where == _HYBRID_BLOCK:
+        return False, "HybridStack hard-codes TENorm as its final norm"
+    if where == _MAMBA_BLOCK:
+        return True, "no HybridStack before megatron-core 0.18; MambaStack builds the final norm (mamba_final_norm)"
+    return True, "no HybridStack or MambaStack with a TENorm final norm on this release"
+
+
+def _mamba_norm_not_needed() -> tuple[bool, str]:
+    """MambaStack's final norm needs the shim before 0.18; from 0.18 HybridStack builds it (MambaModel is a HybridModel)."""
+    where = _stack_with_te_norm()
+    if where == _MAMBA_BLOCK:
+        return False, "MambaStack hard-codes TENorm as its final norm"
+    if where == _HYBRID_BLOCK:
+        return True, "HybridStack builds the final norm on this release (hybrid_final_norm)"
+    return True, "no HybridStack or MambaStack with a TENorm final norm on this release"
+
+
+_HYBRID_NORM_PATCHES = (
+    Patch("hybrid_final_norm", f"{_HYBRID_BLOCK}:TENorm", _torch_norm,
+          when=not_needed_when(check(_hybrid_norm_not_needed, "HybridStack's final norm needs no shim"))
+          & has(f"{_HYBRID_BLOCK}:TENorm")),
+    Patch("mamba_final_norm", f"{_MAMBA_BLOCK}:TENorm", _torch_norm,
+          when=not_needed_when(check(_mamba_norm_not_needed, "MambaStack's final norm needs no shim"))
+          & has(f"{_MAMBA_BLOCK}:TENorm")),
+)  # fmt: skip
+# --- end hybrid_final_norm ---
+
 CPU_SET = PatchSet(
     "megatron-cpu",
     (
@@ -313,6 +365,7 @@ CPU_SET = PatchSet(
               _seed_tracker(("loss_values", "correct_values", "total_values")), kind="wrap",
               when=not_needed_when(check(_metrics_tracker_not_needed, "save_metrics_to_tracker needs no CPU shim"))
               & has(f"{_HELPER}.save_metrics_to_tracker")),
+        *_HYBRID_NORM_PATCHES,
     ),
     doc="CPU-only shims so tiny Megatron-Core models run forward and backward without CUDA",
 )  # fmt: skip

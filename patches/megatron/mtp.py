@@ -1,32 +1,52 @@
 """Multi-Token Prediction for PPO/RL training on Megatron-Core: ``with mtp_patched(model): ...``.
 
 Inside the block the model returns logits ``[b, s, vocab/tp]`` (never the LM loss) and, when
-labels are given, the MTP loss rides on the graph through ``MTPLossAutoScaler``; after it the
-model is the upstream model again. Three patches, each gated per release by its predicate:
+labels are given (or, on releases with upstream's RL mode, 0.19+, derived from ``input_ids`` with
+``labels=None``), the MTP loss rides on the graph through ``MTPLossAutoScaler``; after it the
+model is the upstream model again. Patches, each gated per release by its predicate:
 
-- ``postprocess`` / ``postprocess_detached`` (the model's ``_postprocess``)
-- ``detach_embeddings`` (each MTP layer's ``_get_embeddings``; ``detach_encoder=True`` only)
-- ``checkpointed_forward`` (each MTP layer's ``_checkpointed_forward``, where upstream recompute is broken)
+- GPTModel: ``postprocess`` / ``postprocess_detached`` (the model's ``_postprocess``)
+- HybridModel / MambaModel 0.17: ``hybrid_forward`` / ``hybrid_forward_detached`` (the model's
+  ``forward``), ``hybrid_mtp_loss`` / ``mamba_mtp_loss`` (a wrap of ``process_mtp_loss`` as the
+  model's module imported it; other models' calls pass through), ``mtp_input_detached`` (the MTP
+  block's ``forward``; ``detach_encoder=True`` only)
+- both: ``detach_embeddings`` (each MTP layer's ``_get_embeddings``; ``detach_encoder=True`` only)
+  and ``checkpointed_forward`` (each MTP layer's ``_checkpointed_forward``, where upstream recompute is broken)
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import patchreg
 from patches.megatron._compat import GPT, MTP, mcore_version, parameters, upstream
+from patches.megatron._hybrid import (
+    hybrid_forward,
+    hybrid_forward_detached,
+    mtp_block_forward_detached,
+    process_mtp_loss_in_block,
+)
 from patches.megatron._layers import checkpointed_forward, get_embeddings_detached
 from patches.megatron._loss import last_losses
+from patches.megatron._models import GPT_FAMILY, HYBRID, MAMBA, language_models, model_family
 from patches.megatron._postprocess import postprocess, postprocess_detached
-from patches.megatron.errors import MTPConflictError, UnsupportedModelError
+from patches.megatron.errors import MTPConflictError
 from patchreg import Patch, PatchConflictError, PatchSet, accepts, check, has, not_needed_when, requires
 
 __all__ = [
     "CHECKPOINTED_FORWARD",
     "DETACH_EMBEDDINGS",
+    "HYBRID_FORWARD",
+    "HYBRID_FORWARD_DETACHED",
+    "HYBRID_MTP_DETACH_SET",
+    "HYBRID_MTP_LOSS",
+    "HYBRID_MTP_SET",
+    "MAMBA_MTP_LOSS",
     "MTP_DETACH_SET",
+    "MTP_INPUT_DETACHED",
     "MTP_SET",
     "POSTPROCESS",
     "POSTPROCESS_DETACHED",
@@ -35,6 +55,7 @@ __all__ = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
+logger = logging.getLogger("patchreg")
 
 _POSTPROCESS_PATH = f"{GPT}:GPTModel._postprocess"
 _LAYER = f"{MTP}:MultiTokenPredictionLayer"
@@ -109,11 +130,87 @@ MTP_DETACH_SET = PatchSet(
     doc="MTP for PPO; only MTP layers trained by the MTP loss",
 )
 
+# HybridModel (0.18+) and MambaModel 0.17: MTP and its loss are inline in forward (no _postprocess).
+_HYBRID_FORWARD_WHEN = has(f"{MTP}:MTPLossAutoScaler") & accepts(
+    f"{MTP}:process_mtp_loss", "hidden_states", "labels", "loss_mask", "compute_language_model_loss"
+)
+
+HYBRID_FORWARD = Patch(
+    "hybrid_forward",
+    "forward",
+    hybrid_forward,
+    when=_HYBRID_FORWARD_WHEN,
+    doc="return logits [b, s, vocab/tp] (upstream forward with labels=None); the labels go to the MTP loss",
+)
+
+HYBRID_FORWARD_DETACHED = Patch(
+    "hybrid_forward_detached",
+    "forward",
+    hybrid_forward_detached,
+    when=_HYBRID_FORWARD_WHEN,
+    doc="as hybrid_forward; the MTP loss reaches neither the embedding, the decoder nor the output head",
+)
+
+HYBRID_MTP_LOSS = Patch(
+    "hybrid_mtp_loss",
+    f"{HYBRID}:process_mtp_loss",
+    process_mtp_loss_in_block,
+    kind="wrap",
+    when=has(f"{HYBRID}:process_mtp_loss"),
+    doc="a model inside mtp_patched gets our MTP loss (its labels and mask, or RL mode); others upstream's",
+)
+
+
+def _mamba_loss_not_needed() -> tuple[bool, str]:
+    """From 0.18 MambaModel is a HybridModel, whose forward calls hybrid_model's process_mtp_loss."""
+    if has(f"{HYBRID}:HybridModel").evaluate().ok:
+        return True, "MambaModel is a HybridModel on this release (hybrid_mtp_loss covers it)"
+    return False, "MambaModel.forward calls mamba_model's own process_mtp_loss (0.17)"
+
+
+MAMBA_MTP_LOSS = Patch(
+    "mamba_mtp_loss",
+    f"{MAMBA}:process_mtp_loss",
+    process_mtp_loss_in_block,
+    kind="wrap",
+    when=not_needed_when(check(_mamba_loss_not_needed, "MambaModel is a HybridModel"))
+    & has(f"{MAMBA}:process_mtp_loss"),
+    doc="as hybrid_mtp_loss, for MambaModel 0.17",
+)
+
+MTP_INPUT_DETACHED = Patch(
+    "mtp_input_detached",
+    "mtp.forward",
+    mtp_block_forward_detached,
+    when=_HYBRID_FORWARD_WHEN,
+    doc="the MTP block runs on detached decoder states; the main states keep their graph",
+)
+
+HYBRID_MTP_SET = PatchSet(
+    "megatron-mtp-hybrid",
+    (HYBRID_FORWARD, HYBRID_MTP_LOSS, MAMBA_MTP_LOSS, CHECKPOINTED_FORWARD),
+    doc="MTP for PPO on HybridModel / MambaModel 0.17; trunk trained by MTP",
+)
+HYBRID_MTP_DETACH_SET = PatchSet(
+    "megatron-mtp-hybrid-detached",
+    (HYBRID_FORWARD_DETACHED, HYBRID_MTP_LOSS, MAMBA_MTP_LOSS, MTP_INPUT_DETACHED, DETACH_EMBEDDINGS,
+     CHECKPOINTED_FORWARD),
+    doc="MTP for PPO on HybridModel / MambaModel 0.17; only MTP layers trained by the MTP loss",
+)  # fmt: skip
+
+_SETS = {(GPT_FAMILY, False): MTP_SET, (GPT_FAMILY, True): MTP_DETACH_SET}
+_SETS.update({("hybrid", False): HYBRID_MTP_SET, ("hybrid", True): HYBRID_MTP_DETACH_SET})
+
+
+def patch_set_for(model: Any, detach_encoder: bool) -> PatchSet:
+    """The patch set for the models in ``model`` (refused with :class:`UnsupportedModelError` if none)."""
+    return _SETS[model_family(language_models(model)), detach_encoder]
+
 
 class MTPReport:
     """What ``mtp_patched`` installed or skipped, and the per-depth MTP losses of the last step."""
 
-    __slots__ = ("_after", "_losses", "_models", "active", "detach_encoder", "report")
+    __slots__ = ("_after", "_losses", "_models", "active", "detach_encoder", "model_class", "note", "report")
 
     def __init__(self, report: patchreg.Report, detach_encoder: bool, models: list[Any] | None = None) -> None:
         self.report = report
@@ -122,6 +219,9 @@ class MTPReport:
         self._models = models or []  # held while the block is active
         self._after = last_losses.count  # steps numbered after this one belong to the block
         self._losses: tuple[Any, ...] = ()
+        self.model_class = type(self._models[0]).__name__ if self._models else "?"
+        #: Set when no model (chunk) holds MTP layers: it returns logits and computes no MTP loss here.
+        self.note = _no_mtp_note(self._models) if self._models else ""
 
     @property
     def installed(self) -> int:
@@ -161,60 +261,42 @@ class MTPReport:
 
     def __str__(self) -> str:
         state = "active" if self.active else "reverted"
-        head = f"mtp_patched(detach_encoder={self.detach_encoder}) on megatron-core {mcore_version()} ({state})"
+        head = (
+            f"mtp_patched(detach_encoder={self.detach_encoder}) on {self.model_class}, "
+            f"megatron-core {mcore_version()} ({state})"
+        )
         losses = ", ".join(f"depth {i + 1}: {loss:.4f}" for i, loss in enumerate(self.mtp_losses))
         lines = [
             head,
             f"  patch set {self.report.name!r}: {self.installed} newly installed, {len(self.skipped)} skipped",
         ]
-        lines += [f"  held     {e.patch:<24} {e.holder}.{e.attr}" for e in self.entries]
+        held = "held" if self.active else "reverted"
+        lines += [f"  {held:<8} {e.patch:<24} {e.holder}.{e.attr}" for e in self.entries]
         lines += [f"  skipped  {name:<24} {reason}" for name, reason in self.skipped]
+        lines += [f"  note: {self.note}"] if self.note else []
         return "\n".join([*lines, f"  mtp losses (last step): {losses or 'none yet'}"])
 
     def __repr__(self) -> str:
         return f"<MTPReport detach_encoder={self.detach_encoder} {self.report!r} mtp_losses={self.mtp_losses}>"
 
 
-_HAS_GPT = has(f"{GPT}:GPTModel")
 _thread = threading.get_ident
-_GPT_CLASS: list[Any] = []  # GPTModel, once imported
+_LOGGED_NO_MTP: list[bool] = []  # the no-MTP note is logged once per process
 
 
-def language_models(model: Any) -> list[Any]:
-    """The GPTModels in ``model``: itself, through ``.module``/``.language_model``, or in a list of chunks."""
-    gpt_cls = _GPT_CLASS[0] if _GPT_CLASS else _gpt_class()
-    if gpt_cls is not None and isinstance(model, gpt_cls):
-        return [model]
-    chunks = list(model) if isinstance(model, (list, tuple)) else [model]
-    found = [m for m in (_find_gpt(chunk, gpt_cls) for chunk in chunks) if m is not None]
-    if not found:
-        msg = (
-            f"mtp_patched needs a Megatron-Core GPTModel, a wrapper of one (.module, .language_model) or a list of "
-            f"model chunks; got {type(model).__qualname__!r} (megatron-core {mcore_version()}). Pass the model "
-            "your training step calls."
-        )
-        raise UnsupportedModelError(msg, target=type(model).__qualname__)
-    return found
-
-
-def _gpt_class() -> Any:
-    if not _HAS_GPT.evaluate().ok:
-        return None
-    from megatron.core.models.gpt.gpt_model import GPTModel
-
-    _GPT_CLASS.append(GPTModel)
-    return GPTModel
-
-
-def _find_gpt(obj: Any, gpt_cls: Any) -> Any:
-    seen: list[Any] = []
-    while gpt_cls and obj is not None and not any(obj is s for s in seen):
-        if isinstance(obj, gpt_cls):
-            return obj
-        seen.append(obj)
-        inner = getattr(obj, "module", None)
-        obj = inner if inner is not None else getattr(obj, "language_model", None)
-    return None
+def _no_mtp_note(models: list[Any]) -> str:
+    """The report's note when none of ``models`` holds MTP layers (logged once): normal on a pipeline stage."""
+    if any(getattr(m, "mtp", None) is not None for m in models):
+        return ""
+    note = (
+        f"no MTP layers in this {type(models[0]).__name__} (no .mtp block on this model or chunk): it returns logits "
+        "and computes no MTP loss here. That is normal for a pipeline stage without MTP; to train MTP, build the "
+        "model with mtp_num_layers (GPTModel) or an MTP layer pattern such as '*-*-/*-' (HybridModel)."
+    )
+    if not _LOGGED_NO_MTP:
+        _LOGGED_NO_MTP.append(True)
+        logger.info("mtp_patched: %s", note)
+    return note
 
 
 class mtp_patched:
@@ -239,7 +321,7 @@ class mtp_patched:
         self.detach_encoder = bool(detach_encoder)
         self.registry = registry if registry is not None else patchreg.registry
         self.strict = strict
-        self.patch_set = MTP_DETACH_SET if self.detach_encoder else MTP_SET
+        self.patch_set = patch_set_for(model, self.detach_encoder)  # refuses a model it cannot patch
         self._entered: dict[int, list[MTPReport]] = {}  # per thread: the reports of its enters not yet exited
 
     def __enter__(self) -> MTPReport:

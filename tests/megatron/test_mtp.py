@@ -168,14 +168,85 @@ def test_per_token_loss_renormalises_against_the_main_token_count() -> None:
         assert rel_err(grad_of(param), want[name] * tokens) <= 1e-5, name
 
 
-def test_labels_none_returns_logits_and_runs_no_mtp() -> None:
-    """Without labels the patched model returns the same logits and computes no MTP loss."""
-    model, batch = build_gpt(), make_batch()
-    ref = reference(model, batch)
-    with mtp_patched(model) as report:
-        logits = model(*batch.args())
-    assert torch.equal(logits, ref.logits)
-    assert report.mtp_losses == ()
+def labels_none_step(model: Any, batch: Any, patched: bool, detach: bool = False) -> tuple[Any, dict[str, Any], Any]:
+    """Logits, every parameter's gradient and the per-depth losses of one labels=None forward (main loss x 0)."""
+    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
+    unwrap(model).zero_grad(set_to_none=True)
+    MTPLossLoggingHelper.tracker.clear()
+    if patched:
+        with mtp_patched(model, detach_encoder=detach) as report:
+            logits = model(*batch.args(), loss_mask=batch.loss_mask)
+            (logits * 0).sum().backward()
+        losses = report.mtp_losses
+    else:
+        logits = model(*batch.args(), loss_mask=batch.loss_mask)
+        (logits * 0).sum().backward()
+        tracked = MTPLossLoggingHelper.tracker.get("loss_values")
+        losses = tuple(tracked.tolist()) if tracked is not None else ()
+    return logits, {n: grad_of(p).clone() for n, p in unwrap(model).named_parameters()}, losses
+
+
+def rl_mode() -> bool:
+    """Whether the installed release has upstream's RL mode (process_mtp_loss derives labels from input_ids)."""
+    from patches.megatron._loss import RL_MODE
+
+    return RL_MODE.evaluate().ok
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_labels_none_trains_mtp_as_upstream_rl_mode(tied: bool) -> None:
+    """labels=None inside the block equals plain upstream: RL mode's losses and gradients (0.19+), else no MTP."""
+    batch = make_batch()
+    model = build_gpt(tied=tied, mtp_num_layers=2)
+    if not rl_mode():  # 0.17/0.18 upstream returns logits and trains no MTP; 0.13-0.16 upstream fails on labels=None
+        ref = reference(model, batch)
+        logits, got, losses = labels_none_step(model, batch, patched=True)
+        assert torch.equal(logits, ref.logits) and losses == ()
+        assert all(torch.count_nonzero(g) == 0 for n, g in got.items() if n.startswith("mtp."))
+        return
+    want_logits, want, want_losses = labels_none_step(build_gpt(tied=tied, mtp_num_layers=2), batch, patched=False)
+    logits, got, losses = labels_none_step(model, batch, patched=True)
+    assert torch.equal(logits, want_logits)
+    assert len(losses) == 2 and losses == pytest.approx(want_losses, rel=1e-6)
+    worst = max(float((got[n] - g).abs().max()) for n, g in want.items())
+    record_measurement(f"rl-mode parity max abs grad diff (GPTModel, tied={tied})", worst)
+    for name, grad in want.items():
+        assert torch.equal(got[name], grad), name
+    assert any(torch.count_nonzero(g) for n, g in got.items() if n.startswith("mtp."))
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_labels_none_detached_equals_upstream_mtp_detach_heads(tied: bool) -> None:
+    """With labels=None, detach_encoder=True gives upstream's RL mode with mtp_detach_heads=True, bit-equal."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    if not rl_mode() or "mtp_detach_heads" not in TransformerConfig.__dataclass_fields__:
+        pytest.skip(f"megatron-core {MCORE} has no RL mode with mtp_detach_heads")
+    batch = make_batch()
+    upstream_model = build_gpt(tied=tied, mtp_num_layers=2, mtp_detach_heads=True)
+    _, want, want_losses = labels_none_step(upstream_model, batch, patched=False)
+    _, got, losses = labels_none_step(build_gpt(tied=tied, mtp_num_layers=2), batch, patched=True, detach=True)
+    assert losses == pytest.approx(want_losses, rel=1e-6)
+    for name, grad in want.items():
+        assert torch.equal(got[name], grad), name
+    assert all(torch.count_nonzero(g) == 0 for n, g in got.items() if not n.startswith("mtp."))
+
+
+def test_rl_mode_mask_rule_gives_the_label_aligned_losses() -> None:
+    """An input_ids-aligned mask with labels=None gives the losses of the label-aligned mask (shifted left)."""
+    if not rl_mode():
+        pytest.skip(f"megatron-core {MCORE} has no RL mode (labels=None trains no MTP)")
+    model, batch = build_gpt(mtp_num_layers=2), make_batch()
+    label_mask = batch.loss_mask.clone()
+    label_mask[:, -1] = 0  # the last label (input_ids[s], beyond the window) is not a real token
+    with mtp_patched(model) as with_labels:
+        model(*batch.args(), labels=batch.labels, loss_mask=label_mask)
+    input_mask = torch.ones_like(label_mask)
+    input_mask[:, 1:] = label_mask[:, :-1]  # mask_in[i + 1] = mask[i]: the mask shifted right
+    with mtp_patched(model) as rl:
+        model(*batch.args(), loss_mask=input_mask)
+    assert rl.mtp_losses == pytest.approx(with_labels.mtp_losses, rel=1e-6)
 
 
 def test_nested_twice_then_exit_restores_upstream_exactly() -> None:
@@ -344,10 +415,37 @@ def test_report_prints_installed_and_skipped_with_reasons() -> None:
     assert "megatron-core" in text and "postprocess_detached" in text
 
 
+def record_patches(model_class: str, detach: bool, report: Any) -> None:
+    """Note which patches a block installed and which it skipped (with the reason) for the matrix's summary."""
+    entry = {"installed": sorted({e.patch for e in report.entries}), "skipped": dict(report.skipped)}
+    record_measurement(f"patches ({model_class}, detach={detach})", entry)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("detach", [False, True], ids=["trunk", "detached"])
+def test_every_patch_of_the_set_is_held_or_skipped_with_a_reason(detach: bool) -> None:
+    """On a GPTModel each patch of the chosen set is held or skipped with this release's reason (the matrix lists them)."""
+    with mtp_patched(build_gpt(), detach_encoder=detach) as report:
+        names = {e.patch for e in report.entries} | {name for name, _ in report.skipped}
+        record_patches("GPTModel", detach, report)
+    assert names == set((MTP_DETACH_SET if detach else MTP_SET).names)
+    assert all(reason for _, reason in report.skipped)
+
+
 def test_non_gpt_model_is_refused_with_the_remedy() -> None:
     """Passing something that holds no GPTModel raises UnsupportedModelError naming the type."""
     with pytest.raises(UnsupportedModelError, match="Linear"), mtp_patched(torch.nn.Linear(2, 2)):
         pass
+
+
+def test_mamba_model_without_mtp_is_refused_naming_it_and_the_release() -> None:
+    """A MambaModel on a release where it has no MTP (before 0.17) is refused, naming MambaModel and the release."""
+    mamba = pytest.importorskip("megatron.core.models.mamba.mamba_model", reason="no MambaModel on this release")
+    if hasattr(mamba, "process_mtp_loss"):
+        pytest.skip(f"MambaModel has MTP on megatron-core {MCORE} (tests/megatron/test_hybrid.py covers it)")
+    model = mamba.MambaModel.__new__(mamba.MambaModel)  # the real class; refused before anything is built or read
+    torch.nn.Module.__init__(model)
+    with pytest.raises(UnsupportedModelError, match=rf"MambaModel on megatron-core {MCORE} has no MTP"):
+        mtp_patched(ModuleWrapper(model))
 
 
 RECOMPUTE = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}

@@ -1,0 +1,70 @@
+"""One release's lines of the megatron-core matrix summary, from the measurements its tests wrote.
+
+Usage: ``python scripts/matrix_summary.py .matrix/<ver>.measurements.jsonl`` (scripts/test-matrix.sh calls it).
+Per model class (GPTModel, HybridModel, MambaModel): the max abs diff of the logits and of the MTP
+gradients against the independent reference, upstream-RL-mode parity (``labels=None``) where the
+release has that mode, and for each detach mode the patches installed and skipped (with the reason).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from typing import Any
+
+CLASSES = ("GPTModel", "HybridModel", "MambaModel")
+REASON_WIDTH = 90
+
+
+def model_of(key: str) -> str:
+    """The model class a measurement is about (keys without one are GPTModel's)."""
+    return next((name for name in CLASSES[1:] if f"({name}" in key), "GPTModel")
+
+
+def worst(rows: list[dict[str, Any]], prefix: str) -> float:
+    values = [float(r["value"]) for r in rows if r["key"].startswith(prefix)]
+    return max(values) if values else math.nan
+
+
+def number(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.1e}"
+
+
+def patch_lines(rows: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for row in rows:
+        if not row["key"].startswith("patches ("):
+            continue
+        detach = row["key"].rsplit("detach=", 1)[-1].rstrip(")")
+        parts = [f"{name} installed" for name in row["value"]["installed"]]
+        for name, reason in row["value"]["skipped"].items():
+            short = reason if len(reason) <= REASON_WIDTH else reason[: REASON_WIDTH - 1] + "…"
+            parts.append(f"{name} skipped ({short})")
+        lines.append(f"      detach_encoder={detach}: " + "; ".join(parts))
+    return lines
+
+
+def summary(path: str) -> list[str]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            rows = [json.loads(line) for line in handle if line.strip()]
+    except OSError:
+        return ["    (no measurements)"]
+    lines = []
+    for cls in CLASSES:
+        mine = [r for r in rows if model_of(r["key"]) == cls]
+        if not mine:
+            continue
+        rl = worst(mine, "rl-mode parity")
+        rl_text = f"rl-mode parity (grads) {number(rl)}" if not math.isnan(rl) else "rl-mode: none on this release"
+        lines.append(
+            f"    {cls:<12} logits {number(worst(mine, 'logits'))} | mtp grads {number(worst(mine, 'mtp grad'))} "
+            f"| {rl_text}"
+        )
+        lines += patch_lines(mine)
+    return lines or ["    (no measurements)"]
+
+
+if __name__ == "__main__":
+    print("\n".join(summary(sys.argv[1])))
