@@ -57,7 +57,7 @@ $(VLLM_CPU_STAMP): Makefile
 
 # tests/vllm (config classes) and tests/vllm_engine (running engines), the checkout on PYTHONPATH.
 test-vllm-engine: $(VLLM_CPU_STAMP)
-	PYTHONPATH=$(CURDIR) VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind \
+	PATCHREG_VLLM_ENGINE=1 PYTHONPATH=$(CURDIR) VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind \
 		$(VLLM_CPU_VENV)/bin/python -m pytest -p patchreg.testing -p no:cacheprovider tests/vllm tests/vllm_engine $(PYTEST_ARGS)
 
 bench: $(STAMP)
