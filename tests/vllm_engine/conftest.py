@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -45,3 +46,11 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {kind: write_tiny_mtp_checkpoint(root / kind, kind) for kind in ("known", "random")}
 
 
+@pytest.fixture
+def fresh_missing_warning() -> Iterator[None]:
+    """Re-arm spec_decode_stats' once-per-process warning for this test, and again afterwards."""
+    from patches.vllm import mtp
+
+    mtp._reset_missing_warning()
+    yield
+    mtp._reset_missing_warning()

@@ -29,7 +29,9 @@ ENGINES = [(1, "summary"), (2, "detailed"), (3, "summary")]
 def run(request: pytest.FixtureRequest, checkpoints: dict[str, Path]) -> Iterator[dict[str, Any]]:
     """One engine on the known-acceptance checkpoint: its config, a greedy batch and an n=2 request."""
     k, level = request.param
-    with running_llm(checkpoints["known"], **mtp_engine_kwargs(num_speculative_tokens=k, per_request_metrics=level)) as llm:
+    with running_llm(
+        checkpoints["known"], **mtp_engine_kwargs(num_speculative_tokens=k, per_request_metrics=level)
+    ) as llm:
         config = llm.llm_engine.vllm_config
         kinds = list(KNOWN_PROMPTS)
         greedy_outputs = llm.generate([token_prompt(KNOWN_PROMPTS[kind]) for kind in kinds], greedy(), use_tqdm=False)
