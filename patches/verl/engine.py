@@ -80,7 +80,7 @@ class EngineMTP:
 
 
 def _label(obj: Any) -> str:
-    return f"{type(obj).__qualname__}@{id(obj):#x}"
+    return f"{type(obj).__name__}@{id(obj):#x}"
 
 
 def _detach_encoder(model_config: Any) -> bool:
