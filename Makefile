@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export VLLM_TARGET_DEVICE := cpu
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: env demo test test-slow test-matrix test-vllm-engine lint bench bench-quick reliability docs docs-serve clean
+.PHONY: env demo test test-slow test-matrix test-vllm-engine test-verl lint bench bench-quick reliability docs docs-serve clean
 
 env: $(STAMP)
 
@@ -32,6 +32,22 @@ test-slow: $(STAMP)
 
 test-matrix: $(STAMP)
 	bash scripts/test-matrix.sh
+
+# verl 0.9.1 without its dependencies, plus what importing its engine, forward and rollout modules needs,
+# in an overlay over .venv (verl's full requirements would replace the pinned torch / vLLM stack).
+VERL_OVERLAY := .cache/verl-overlay
+VERL_STACK := verl==0.9.1 ray==2.60.0 tensordict==0.15.3 pyvers==0.2.3 omegaconf==2.4.0 \
+	antlr4-python3-runtime==4.9.3 codetiming==1.4.0 msgpack==1.2.4 importlib_metadata==10.2.0 zipp==4.1.2 \
+	peft==0.21.2 accelerate==1.16.0 datasets==5.2.0 pyarrow==26.0.1 pandas==3.1.1 xxhash==4.1.0 \
+	multiprocess==0.70.19 python-dateutil==4.0.0 pytz==2026.6 tzdata==2026.6 six==1.17.0
+
+$(VERL_OVERLAY)/.complete: $(STAMP)
+	rm -rf $(VERL_OVERLAY)
+	$(PY) -m pip install -q --no-deps --target $(VERL_OVERLAY) $(VERL_STACK)
+	@touch $@
+
+test-verl: $(VERL_OVERLAY)/.complete
+	PYTHONPATH=$(CURDIR)/$(VERL_OVERLAY):$(CURDIR) $(PY) -m pytest tests/verl -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check patchreg patches tests examples benchmarks scripts
