@@ -165,12 +165,7 @@ def check_release(layers: list[Layer]) -> None:
             order = tops[stack] = stack.layers[:]
             current = stack.current()
             if order[-1] is layer and not layer.releasable(current):
-                msg = (
-                    f"Cannot revert patch {layer.patch.name!r} on {stack.label}.{stack.attr}: the attribute now holds "
-                    f"{current!r}, not what patchreg installed (someone patched over it). Undo that patch first; "
-                    "nothing was changed."
-                )
-                raise PatchOwnershipError(msg, patch=layer.patch, target=layer.patch.target)
+                raise PatchOwnershipError(_not_ours(layer, current), patch=layer.patch, target=layer.patch.target)
         if order[-1] is not layer:
             msg = (
                 f"Cannot revert patch {layer.patch.name!r} on {stack.label}.{stack.attr} before patch "
@@ -179,6 +174,22 @@ def check_release(layers: list[Layer]) -> None:
             )
             raise PatchOwnershipError(msg, patch=layer.patch, target=layer.patch.target)
         order.pop()
+
+
+def _not_ours(layer: Layer, current: Any) -> str:
+    """Why the top layer cannot be released: what the attribute holds now is neither its install nor its original."""
+    stack, name = layer.stack, layer.patch.name
+    where = f"{stack.label}.{stack.attr}"
+    if current is ABSENT:
+        return (
+            f"Cannot revert patch {name!r} on {where}: the attribute was deleted meanwhile (not by patchreg), so "
+            f"putting the original back would undo that deletion. Put it back yourself (patch.backup.get(holder) "
+            "is the original) or re-create the attribute, then revert again; nothing was changed."
+        )
+    return (
+        f"Cannot revert patch {name!r} on {where}: the attribute now holds {current!r}, not what patchreg "
+        "installed (someone patched over it). Undo that patch first; nothing was changed."
+    )
 
 
 def needed(patch: Patch) -> bool:

@@ -219,7 +219,7 @@ class Registry:
             checkpoint.ledgers.clear()
             return restored
 
-    def patched(self, target: Target, obj: Any = None, *, strict: bool = False) -> Patched:
+    def patched(self, target: Target, obj: Any = None, *, strict: bool = False) -> Patched[Report]:
         """A context manager (and decorator) that applies on entry and reverts on exit."""
         patches_of(target)  # fail at the call site on a bad target
         return Patched(self, target, obj, strict)

@@ -127,16 +127,33 @@ class ImportPath:
             return f"{self} does not exist"
         where = f"module {holder.__name__}" if isinstance(holder, types.ModuleType) else f"class {holder.__qualname__}"
         served = "its module-level __getattr__" if isinstance(holder, types.ModuleType) else "its metaclass"
-        defined = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+        defined = _defined_at(value)
         hint = (
-            f"; patch it where it is defined, e.g. '{defined[0]}:{defined[1]}'"
-            if all(isinstance(d, str) for d in defined)
-            else "; patch it where it is defined"
+            f"; patch it where it is defined, e.g. '{defined}'"
+            if defined is not None
+            else "; patch the code that uses it, or the object that serves it"
         )
         return (
             f"{self} exists but is not stored in {where} (it is served by {served}, e.g. a lazy attribute), "
             f"so patchreg cannot install and restore it exactly{hint}"
         )
+
+
+def _defined_at(value: Any) -> str | None:
+    """``"module:qualname"`` where ``value`` is stored under its own name, when that is a valid import path.
+
+    None for what has no such place: a lambda or a function defined inside another (``<locals>``), a
+    plain value (an int, an instance), or a name that no longer holds it there.
+    """
+    module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str) or not _DOTTED.match(qualname):
+        return None
+    holder: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        holder = vars(holder).get(part, _UNSET) if isinstance(getattr(holder, "__dict__", None), Mapping) else _UNSET
+        if holder is _UNSET:
+            return None
+    return f"{module}:{qualname}" if holder is value else None
 
 
 def namespaces(holder: Any) -> list[Mapping[str, Any]]:

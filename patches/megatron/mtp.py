@@ -17,9 +17,7 @@ model is the upstream model again. Patches, each gated per release by its predic
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import patchreg
 from patches.megatron._compat import GPT, MTP, mcore_version, parameters, upstream
@@ -54,7 +52,6 @@ __all__ = [
     "mtp_patched",
 ]
 
-F = TypeVar("F", bound=Callable[..., Any])
 logger = logging.getLogger("patchreg")
 
 _POSTPROCESS_PATH = f"{GPT}:GPTModel._postprocess"
@@ -280,7 +277,6 @@ class MTPReport:
         return f"<MTPReport detach_encoder={self.detach_encoder} {self.report!r} mtp_losses={self.mtp_losses}>"
 
 
-_thread = threading.get_ident
 _LOGGED_NO_MTP: list[bool] = []  # the no-MTP note is logged once per process
 
 
@@ -299,15 +295,16 @@ def _no_mtp_note(models: list[Any]) -> str:
     return note
 
 
-class mtp_patched:
+class mtp_patched(patchreg.Patched[MTPReport]):
     """Context manager (and decorator): the MTP patch set on ``model`` for the duration of a block.
 
     ``detach_encoder=True``: the MTP loss trains only the MTP layers (zero gradient to the
     embedding, the decoder and the output layer); ``False``: it trains the trunk too, as
-    Megatron-Core pretraining does. Yields an :class:`MTPReport`.
+    Megatron-Core pretraining does. Yields an :class:`MTPReport`. A :class:`patchreg.Patched` block:
+    enters nest and are per thread, and misuse (exit twice, exit without enter) is handled there.
     """
 
-    __slots__ = ("_entered", "detach_encoder", "model", "patch_set", "registry", "strict")
+    __slots__ = ("detach_encoder", "model", "patch_set")
 
     def __init__(
         self,
@@ -319,35 +316,22 @@ class mtp_patched:
     ) -> None:
         self.model = model
         self.detach_encoder = bool(detach_encoder)
-        self.registry = registry if registry is not None else patchreg.registry
-        self.strict = strict
         self.patch_set = patch_set_for(model, self.detach_encoder)  # refuses a model it cannot patch
-        self._entered: dict[int, list[MTPReport]] = {}  # per thread: the reports of its enters not yet exited
+        super().__init__(registry if registry is not None else patchreg.registry, self.patch_set, model, strict)
 
-    def __enter__(self) -> MTPReport:
+    def open(self) -> tuple[patchreg.Report, MTPReport]:
         models = language_models(self.model)
         try:  # the GPTModels themselves: what the selectors find through any wrapper, without the walk
             report = self.registry.apply(self.patch_set, models[0] if len(models) == 1 else models, strict=self.strict)
         except PatchConflictError as exc:
             raise self._conflict(exc) from exc
-        mtp_report = MTPReport(report, self.detach_encoder, models)
-        self._entered.setdefault(_thread(), []).append(mtp_report)  # each thread touches only its own stack
-        return mtp_report
+        return report, MTPReport(report, self.detach_encoder, models)
 
-    def __exit__(self, *exc: object) -> None:
-        thread = _thread()
-        stack = self._entered[thread]
-        mtp_report = stack[-1]  # the innermost enter of this thread
-        self.registry.revert(mtp_report.report)  # if this raises, the entry stays so the exit can be retried
-        mtp_report._close()
-        stack.pop()
-        if not stack:
-            del self._entered[thread]
+    def close(self, value: MTPReport) -> None:
+        value._close()
 
-    def __call__(self, func: F) -> F:
-        return patchreg.decorate(
-            func, lambda: mtp_patched(self.model, self.detach_encoder, registry=self.registry, strict=self.strict)
-        )
+    def fresh(self) -> mtp_patched:
+        return mtp_patched(self.model, self.detach_encoder, registry=self.registry, strict=self.strict)
 
     def _conflict(self, exc: PatchConflictError) -> MTPConflictError:
         other = not self.detach_encoder
