@@ -15,7 +15,7 @@ from typing import Any
 from patches.megatron._compat import GPT, mcore_version
 from patches.megatron.errors import UnsupportedModelError
 
-__all__ = ["GPT_FAMILY", "HYBRID", "HYBRID_FAMILY", "MAMBA", "language_models", "model_family"]
+__all__ = ["GPT_FAMILY", "HYBRID", "HYBRID_FAMILY", "MAMBA", "known_family", "language_models", "model_family"]
 
 HYBRID = "megatron.core.models.hybrid.hybrid_model"
 MAMBA = "megatron.core.models.mamba.mamba_model"
@@ -35,15 +35,21 @@ _SUPPORTED = (
 )
 
 
+_FOUND: dict[str, tuple[type, str]] = {}  # class name -> (class, family), once its module was seen imported
+_SEEN: list[int] = [-1]  # len(sys.modules) when the candidates were last looked for
+_BY_TYPE: dict[type, str] = {}  # exact model types met so far -> family (the fast path)
+
+
 def _classes() -> list[tuple[type, str]]:
-    """(class, family) of every candidate whose module is imported (read on each call: imports happen late)."""
-    found = []
-    for module_name, name, family in _CANDIDATES:
-        module = sys.modules.get(module_name)
-        cls = getattr(module, name, None) if module is not None else None
-        if isinstance(cls, type) and (module_name != MAMBA or hasattr(module, "process_mtp_loss")):
-            found.append((cls, family))  # MambaModel before 0.17 has no MTP: refused as unsupported
-    return found
+    """(class, family) of every candidate whose module is imported (looked for again only after new imports)."""
+    if len(_FOUND) < len(_CANDIDATES) and len(sys.modules) != _SEEN[0]:
+        _SEEN[0] = len(sys.modules)
+        for module_name, name, family in _CANDIDATES:
+            module = sys.modules.get(module_name) if name not in _FOUND else None
+            cls = getattr(module, name, None) if module is not None else None
+            if isinstance(cls, type) and (module_name != MAMBA or hasattr(module, "process_mtp_loss")):
+                _FOUND[name] = (cls, family)  # MambaModel before 0.17 has no MTP: refused as unsupported
+    return list(_FOUND.values())
 
 
 def _family_of(obj: Any, classes: list[tuple[type, str]]) -> str | None:
@@ -66,9 +72,14 @@ def _walk(chunk: Any, classes: list[tuple[type, str]]) -> tuple[Any, str | None,
     return None, None, chain
 
 
+def known_family(model: Any) -> str | None:
+    """The family of a bare model whose exact class :func:`language_models` met before, else None."""
+    return _BY_TYPE.get(type(model))
+
+
 def model_family(models: list[Any]) -> str:
     """The family of models already found by :func:`language_models` (they share one)."""
-    return _family_of(models[0], _classes()) or GPT_FAMILY
+    return _BY_TYPE.get(type(models[0])) or _family_of(models[0], _classes()) or GPT_FAMILY
 
 
 def language_models(model: Any) -> list[Any]:
@@ -77,8 +88,12 @@ def language_models(model: Any) -> list[Any]:
     Every chunk must hold a supported model, all of one family; otherwise :class:`UnsupportedModelError`
     names the innermost model found (``Float16Module → BertModel``) and the remedy, and nothing is patched.
     """
+    if type(model) in _BY_TYPE:  # a model class met before, passed bare
+        return [model]
     classes = _classes()
-    if _family_of(model, classes) is not None:
+    family = _family_of(model, classes)
+    if family is not None:
+        _BY_TYPE[type(model)] = family
         return [model]
     chunks = list(model) if isinstance(model, (list, tuple)) else [model]
     if not chunks:
@@ -88,7 +103,7 @@ def language_models(model: Any) -> list[Any]:
     for index, chunk in enumerate(chunks):
         inner, family, chain = _walk(chunk, classes)
         if inner is None:
-            raise _refusal(chain, index if len(chunks) > 1 or isinstance(model, (list, tuple)) else None)
+            raise _refusal(chain, index if isinstance(model, (list, tuple)) else None)
         found.append(inner)
         families.add(family)
     if len(families) > 1:

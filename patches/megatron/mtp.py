@@ -29,7 +29,7 @@ from patches.megatron._hybrid import (
 )
 from patches.megatron._layers import checkpointed_forward, get_embeddings_detached
 from patches.megatron._loss import last_losses
-from patches.megatron._models import GPT_FAMILY, HYBRID, MAMBA, language_models, model_family
+from patches.megatron._models import GPT_FAMILY, HYBRID, MAMBA, known_family, language_models, model_family
 from patches.megatron._postprocess import postprocess, postprocess_detached
 from patches.megatron.errors import MTPConflictError
 from patchreg import Patch, PatchConflictError, PatchSet, accepts, check, has, not_needed_when, requires
@@ -148,12 +148,23 @@ HYBRID_FORWARD_DETACHED = Patch(
     doc="as hybrid_forward; the MTP loss reaches neither the embedding, the decoder nor the output head",
 )
 
+
+def _hybrid_loss_not_needed() -> tuple[bool, str]:
+    """Before 0.18 there is no HybridModel; MambaModel 0.17 calls its own module's process_mtp_loss."""
+    if has(f"{HYBRID}:HybridModel").evaluate().ok:
+        return False, "HybridModel.forward calls hybrid_model's process_mtp_loss"
+    if has(f"{MAMBA}:process_mtp_loss").evaluate().ok:
+        return True, "no HybridModel before megatron-core 0.18; MambaModel calls mamba_model's (mamba_mtp_loss)"
+    return False, "no HybridModel on this release"
+
+
 HYBRID_MTP_LOSS = Patch(
     "hybrid_mtp_loss",
     f"{HYBRID}:process_mtp_loss",
     process_mtp_loss_in_block,
     kind="wrap",
-    when=has(f"{HYBRID}:process_mtp_loss"),
+    when=not_needed_when(check(_hybrid_loss_not_needed, "MambaModel 0.17 has its own process_mtp_loss"))
+    & has(f"{HYBRID}:process_mtp_loss"),
     doc="a model inside mtp_patched gets our MTP loss (its labels and mask, or RL mode); others upstream's",
 )
 
@@ -199,15 +210,21 @@ _SETS = {(GPT_FAMILY, False): MTP_SET, (GPT_FAMILY, True): MTP_DETACH_SET}
 _SETS.update({("hybrid", False): HYBRID_MTP_SET, ("hybrid", True): HYBRID_MTP_DETACH_SET})
 
 
+_BY_TYPE: dict[bool, dict[type, PatchSet]] = {False: {}, True: {}}  # detach_encoder -> bare model class -> set
+
+
 def patch_set_for(model: Any, detach_encoder: bool) -> PatchSet:
     """The patch set for the models in ``model`` (refused with :class:`UnsupportedModelError` if none)."""
-    return _SETS[model_family(language_models(model)), detach_encoder]
+    found = _SETS[model_family(language_models(model)), detach_encoder]
+    if known_family(model) is not None:  # a bare model: remember its class
+        _BY_TYPE[detach_encoder][type(model)] = found
+    return found
 
 
 class MTPReport:
     """What ``mtp_patched`` installed or skipped, and the per-depth MTP losses of the last step."""
 
-    __slots__ = ("_after", "_losses", "_models", "active", "detach_encoder", "model_class", "note", "report")
+    __slots__ = ("_after", "_cls", "_losses", "_models", "active", "detach_encoder", "note", "report")
 
     def __init__(self, report: patchreg.Report, detach_encoder: bool, models: list[Any] | None = None) -> None:
         self.report = report
@@ -216,9 +233,14 @@ class MTPReport:
         self._models = models or []  # held while the block is active
         self._after = last_losses.count  # steps numbered after this one belong to the block
         self._losses: tuple[Any, ...] = ()
-        self.model_class = type(self._models[0]).__name__ if self._models else "?"
+        self._cls = type(self._models[0]) if self._models else None
         #: Set when no model (chunk) holds MTP layers: it returns logits and computes no MTP loss here.
         self.note = _no_mtp_note(self._models) if self._models else ""
+
+    @property
+    def model_class(self) -> str:
+        """The class name of the model (or chunks) the block patched."""
+        return self._cls.__name__ if self._cls is not None else "?"
 
     @property
     def installed(self) -> int:
@@ -282,8 +304,9 @@ _LOGGED_NO_MTP: list[bool] = []  # the no-MTP note is logged once per process
 
 def _no_mtp_note(models: list[Any]) -> str:
     """The report's note when none of ``models`` holds MTP layers (logged once): normal on a pipeline stage."""
-    if any(getattr(m, "mtp", None) is not None for m in models):
-        return ""
+    for model in models:  # Megatron-Core models are nn.Modules: submodules in _modules (no __getattr__)
+        if model._modules.get("mtp") is not None:
+            return ""
     note = (
         f"no MTP layers in this {type(models[0]).__name__} (no .mtp block on this model or chunk): it returns logits "
         "and computes no MTP loss here. That is normal for a pipeline stage without MTP; to train MTP, build the "
@@ -316,7 +339,8 @@ class mtp_patched(patchreg.Patched[MTPReport]):
     ) -> None:
         self.model = model
         self.detach_encoder = bool(detach_encoder)
-        self.patch_set = patch_set_for(model, self.detach_encoder)  # refuses a model it cannot patch
+        known = _BY_TYPE[self.detach_encoder].get(type(model))  # a bare model of a class met before: no walk
+        self.patch_set = known if known is not None else patch_set_for(model, self.detach_encoder)
         super().__init__(registry if registry is not None else patchreg.registry, self.patch_set, model, strict)
 
     def open(self) -> tuple[patchreg.Report, MTPReport]:
