@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from patchreg._api import apply, patched, registry, revert
+from patchreg._drift import Drift, Verified, drift, fingerprint
 from patchreg._predicates import (
     Answer,
     Predicate,
@@ -36,6 +37,7 @@ __all__ = [
     "Answer",
     "Backup",
     "Checkpoint",
+    "Drift",
     "Explanation",
     "Installed",
     "Patch",
@@ -53,12 +55,15 @@ __all__ = [
     "Selector",
     "TargetNotFoundError",
     "UnpatchableTargetError",
+    "Verified",
     "__version__",
     "accepts",
     "always",
     "apply",
     "check",
     "decorate",
+    "drift",
+    "fingerprint",
     "has",
     "not_needed_when",
     "on_refresh",
