@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from patchreg._api import apply, patched, registry, revert
-from patchreg._drift import Drift, Verified, drift, fingerprint
+from patchreg._drift import Drift, Verified, body_fingerprint, drift
 from patchreg._predicates import (
     Answer,
     Predicate,
@@ -63,7 +63,7 @@ __all__ = [
     "check",
     "decorate",
     "drift",
-    "fingerprint",
+    "body_fingerprint",
     "has",
     "not_needed_when",
     "on_refresh",

@@ -24,7 +24,7 @@ import attrs
 
 from patchreg import __version__
 from patchreg._discovery import KNOWN_MODULES, Discovery, Found, LoadError, discover
-from patchreg._drift import drift, fingerprint, resolve
+from patchreg._drift import body_fingerprint, drift, resolve
 from patchreg._format import table
 from patchreg._predicates import distributions
 from patchreg._records import Patch
@@ -123,9 +123,9 @@ def _parser() -> argparse.ArgumentParser:
         "comes from), or a patch name that is unique across sets",
     )
     p.set_defaults(command=_cmd_show, name="show")
-    p = sub.add_parser("fingerprint", help="the fingerprint of an upstream function's body, for Patch(verified=...)")
+    p = sub.add_parser("body", help="the fingerprint of an upstream function's body, for Patch(verified=...)")
     p.add_argument("paths", nargs="+", metavar="PATH", help="import paths 'module:Class.method'")
-    p.set_defaults(command=_cmd_fingerprint, name="fingerprint")
+    p.set_defaults(command=_cmd_body, name="body")
     return parser
 
 
@@ -289,13 +289,13 @@ def _found(versions: dict[str, str]) -> str:
     return ", ".join(f"{name} {version}" for name, version in versions.items()) or "-"
 
 
-# -- fingerprint ------------------------------------------------------------------------------
+# -- body --------------------------------------------------------------------------------------
 
 
-def _cmd_fingerprint(args: argparse.Namespace, found: Discovery, out: TextIO) -> int:
+def _cmd_body(args: argparse.Namespace, found: Discovery, out: TextIO) -> int:
     for path in args.paths:
         try:
-            digest = fingerprint(resolve(path))
+            digest = body_fingerprint(resolve(path))
         except Exception as exc:  # a bad path, or no source to read
             msg = f"cannot fingerprint {path!r} ({type(exc).__name__}: {exc}); give 'module:Class.method'."
             raise UsageError(msg) from exc

@@ -9,7 +9,7 @@ skip, so that a dev build whose body changed under an unchanged signature is cau
 
 The fingerprint is of the function's source, not its bytecode (which changes with every Python
 minor): the syntax tree without docstrings, comments, formatting, variable contexts or Python-
-version-only fields, hashed. ``python -m patchreg fingerprint module:Class.method`` prints it.
+version-only fields, hashed. ``python -m patchreg body module:Class.method`` prints it.
 """
 
 from __future__ import annotations
@@ -29,14 +29,14 @@ from packaging.version import InvalidVersion, Version
 
 from patchreg.exceptions import PatchDefinitionError
 
-__all__ = ["Drift", "Verified", "drift", "fingerprint", "fingerprint_source", "resolve"]
+__all__ = ["Drift", "Verified", "body_fingerprint", "body_fingerprint_source", "drift", "resolve"]
 
 State = Literal["verified", "changed", "unverified", "unreadable"]
 _IGNORED_FIELDS = frozenset(("ctx", "type_comment", "type_params", "kind"))
 _CACHE: dict[Any, str] = {}
 
 
-def fingerprint_source(source: str) -> str:
+def body_fingerprint_source(source: str) -> str:
     """The fingerprint of one function's (or class's) source text: 16 hex digits of a hash of its syntax tree."""
     tree = ast.parse(textwrap.dedent(source))
     node = tree.body[0] if len(tree.body) == 1 else tree  # one definition, decorators included
@@ -72,7 +72,7 @@ def _has_docstring(node: ast.AST) -> bool:
     return isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
 
 
-def fingerprint(func: Any) -> str:
+def body_fingerprint(func: Any) -> str:
     """The fingerprint of ``func``'s source (bound methods, staticmethods, decorators with ``__wrapped__`` unwrapped).
 
     Raises ``OSError`` / ``TypeError`` when its source cannot be read (a builtin, a function made at runtime).
@@ -80,7 +80,7 @@ def fingerprint(func: Any) -> str:
     func = inspect.unwrap(getattr(func, "__func__", func))
     found = _CACHE.get(func)
     if found is None:
-        found = _CACHE[func] = fingerprint_source(inspect.getsource(func))
+        found = _CACHE[func] = body_fingerprint_source(inspect.getsource(func))
     return found
 
 
@@ -117,7 +117,7 @@ def _check_bodies(instance: Verified, attribute: attrs.Attribute[Any], value: Ma
         if not isinstance(digest, str) or len(digest) != 16:
             msg = (
                 f"Verified({instance.path!r}): the fingerprint for {spec!r} must be the 16 hex digits "
-                f"`python -m patchreg fingerprint {instance.path}` prints, got {digest!r}."
+                f"`python -m patchreg body {instance.path}` prints, got {digest!r}."
             )
             raise PatchDefinitionError(msg)
 
@@ -158,7 +158,7 @@ def drift(verified: Verified) -> Drift:
         version = "not installed"
     where = f"{verified.path.partition(':')[2]}, {verified.distribution} {version}"
     try:
-        found = fingerprint(resolve(verified.path))
+        found = body_fingerprint(resolve(verified.path))
     except Exception as exc:  # absent, or no source to read: nothing to compare, say so
         return Drift("unreadable", f"cannot read the upstream body of {where} ({type(exc).__name__}: {exc}): review")
     same = [spec for spec, digest in verified.bodies.items() if digest == found]

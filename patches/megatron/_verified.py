@@ -1,7 +1,7 @@
 """The upstream bodies the MTP patches were verified against (drift detection, ``Patch(verified=...)``).
 
 Fingerprints of the functions each patch replaces, computed on each release's own installed
-source (``python -m patchreg fingerprint PATH`` under the release, as ``make test-matrix`` runs
+source (``python -m patchreg body PATH`` under the release, as ``make test-matrix`` runs
 it) when its tests passed: megatron-core 0.13.1, 0.14.0, 0.15.3, 0.16.1, 0.17.1, 0.18.2, 0.19.2.
 A release whose body is none of these makes ``doctor`` and the patch's report say "upstream body
 changed since verification: review"; re-run the matrix and add its fingerprint here.

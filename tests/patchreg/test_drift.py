@@ -13,7 +13,7 @@ from types import ModuleType
 import pytest
 
 import patchreg
-from patchreg import Patch, PatchSet, Verified, drift, fingerprint
+from patchreg import Patch, PatchSet, Verified, body_fingerprint, drift
 from patchreg._cli import run
 from patchreg._discovery import Discovery, discover
 from patchreg.exceptions import PatchDefinitionError
@@ -62,7 +62,7 @@ def _verified(digest: str, spec: str = ">=1") -> Verified:
 
 def test_verified_body_reads_verified(upstream: tuple[Path, ModuleType]) -> None:
     """The body the fingerprint was taken from reads "verified against this body"."""
-    found = drift(_verified(fingerprint(upstream[1].area)))
+    found = drift(_verified(body_fingerprint(upstream[1].area)))
     assert found.ok and found.state == "verified"
     assert found.text.startswith("verified against this body (area, pytest ")
 
@@ -72,7 +72,7 @@ def test_body_changed_under_the_same_signature_reads_review(upstream: tuple[Path
     import inspect
 
     path, module = upstream
-    declared = _verified(fingerprint(module.area))
+    declared = _verified(body_fingerprint(module.area))
     before = inspect.signature(module.area)
     changed = _rewrite(path, CHANGED)
     assert inspect.signature(changed.area) == before
@@ -84,15 +84,15 @@ def test_body_changed_under_the_same_signature_reads_review(upstream: tuple[Path
 def test_layout_comments_and_docstrings_are_not_the_body(upstream: tuple[Path, ModuleType]) -> None:
     """Reformatting, comments and a new docstring keep the fingerprint; the code is what counts."""
     path, module = upstream
-    digest = fingerprint(module.area)
-    assert fingerprint(_rewrite(path, REFORMATTED).area) == digest
-    assert fingerprint(_rewrite(path, CHANGED).area) != digest
+    digest = body_fingerprint(module.area)
+    assert body_fingerprint(_rewrite(path, REFORMATTED).area) == digest
+    assert body_fingerprint(_rewrite(path, CHANGED).area) != digest
 
 
 def test_a_release_never_verified_with_an_other_body_reads_review(upstream: tuple[Path, ModuleType]) -> None:
     """Outside every verified range, a body that is none of the verified ones asks for review too."""
     path, module = upstream
-    declared = _verified(fingerprint(module.area), spec="<1")
+    declared = _verified(body_fingerprint(module.area), spec="<1")
     assert drift(declared).ok  # the same body verifies whatever the release
     _rewrite(path, CHANGED)
     found = drift(declared)
@@ -102,7 +102,7 @@ def test_a_release_never_verified_with_an_other_body_reads_review(upstream: tupl
 def test_report_warns_but_installs(upstream: tuple[Path, ModuleType]) -> None:
     """A changed body is a warning in the report; the patch is installed all the same."""
     path, module = upstream
-    declared = _verified(fingerprint(module.area))
+    declared = _verified(body_fingerprint(module.area))
     changed = _rewrite(path, CHANGED)
     patch = Patch("area_twice", "drift_upstream:area", lambda width, height: 2 * width * height, verified=declared)
     registry = patchreg.Registry("drift-test")
@@ -129,7 +129,7 @@ def test_doctor_says_verified_or_review(upstream: tuple[Path, ModuleType], tmp_p
         from patchreg import Patch, PatchSet, Verified
         SET = PatchSet("drift-sample", (
             Patch("area_twice", "drift_upstream:area", lambda w, h: 2 * w * h,
-                  verified=Verified("pytest", "drift_upstream:area", {{">=1": "{fingerprint(module.area)}"}})),
+                  verified=Verified("pytest", "drift_upstream:area", {{">=1": "{body_fingerprint(module.area)}"}})),
         ))
         """)
     )
@@ -165,3 +165,11 @@ def test_verified_must_be_a_verified_record() -> None:
         Patch("p", "drift_upstream:area", len, verified="46d5249fdb6a8283")  # type: ignore[arg-type]
     with pytest.raises(PatchDefinitionError, match="import path"):
         Verified("pytest", "drift_upstream.area", {"1": "0" * 16})
+
+
+def test_body_command_prints_the_fingerprint_to_declare(upstream: tuple[Path, ModuleType]) -> None:
+    """`patchreg body PATH` prints the fingerprint a Verified declaration takes; a bad path is a usage error."""
+    out = io.StringIO()
+    assert run(["body", "drift_upstream:area"], finder=_finder("drift_upstream"), out=out) == 0  # type: ignore[arg-type]
+    assert out.getvalue() == f"{body_fingerprint(upstream[1].area)}  drift_upstream:area\n"
+    assert run(["body", "drift_upstream:nothing"], finder=_finder("drift_upstream"), out=io.StringIO()) == 2  # type: ignore[arg-type]
