@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from patchreg._api import apply, patched, registry, revert
+from patchreg._drift import Drift, Verified, body_fingerprint, drift
 from patchreg._predicates import (
     Answer,
     Predicate,
@@ -37,6 +38,7 @@ __all__ = [
     "Answer",
     "Backup",
     "Checkpoint",
+    "Drift",
     "Explanation",
     "Installed",
     "Patch",
@@ -54,12 +56,15 @@ __all__ = [
     "Selector",
     "TargetNotFoundError",
     "UnpatchableTargetError",
+    "Verified",
     "__version__",
     "accepts",
     "always",
     "apply",
     "check",
     "decorate",
+    "drift",
+    "body_fingerprint",
     "has",
     "not_needed_when",
     "on_refresh",

@@ -24,6 +24,7 @@ import attrs
 
 from patchreg import __version__
 from patchreg._discovery import KNOWN_MODULES, Discovery, Found, LoadError, discover
+from patchreg._drift import body_fingerprint, drift, resolve
 from patchreg._format import WIDTH, table
 from patchreg._predicates import distributions, provider
 from patchreg._records import Patch
@@ -57,6 +58,8 @@ class Diagnosis:
     reason: str
     versions: dict[str, str]
     needed: bool = True
+    body: str = ""  # drift: whether upstream's body is one the patch was verified against ("" undeclared)
+    body_ok: bool = True
 
     @property
     def fine(self) -> bool:
@@ -120,6 +123,9 @@ def _parser() -> argparse.ArgumentParser:
         "comes from), or a patch name that is unique across sets",
     )
     p.set_defaults(command=_cmd_show, name="show")
+    p = sub.add_parser("body", help="the fingerprint of an upstream function's body, for Patch(verified=...)")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="import paths 'module:Class.method'")
+    p.set_defaults(command=_cmd_body, name="body")
     return parser
 
 
@@ -177,6 +183,7 @@ def _select(found: Discovery, names: Sequence[str]) -> tuple[list[Found], list[L
 def diagnose(patch: Patch, found: Found) -> Diagnosis:
     """Evaluate ``patch``'s predicate and, for import paths, its target, in this environment."""
     install, reason, needed = _would_install(patch)
+    found_drift = drift(patch.verified) if patch.verified is not None and install else None
     return Diagnosis(
         set=found.name,
         source=found.source,
@@ -187,6 +194,8 @@ def diagnose(patch: Patch, found: Found) -> Diagnosis:
         reason=reason,
         versions=_versions(patch),
         needed=needed,
+        body=found_drift.text if found_drift is not None else "",
+        body_ok=found_drift is None or found_drift.ok,
     )
 
 
@@ -246,7 +255,8 @@ def _version(name: str) -> str:
 def _error_dict(error: LoadError) -> dict[str, Any]:
     """A load failure as an object with a Diagnosis's keys; it is a problem (exit 1), so it is needed."""
     blank: dict[str, Any] = dict.fromkeys(attrs.fields_dict(Diagnosis))
-    return blank | {"source": error.source, "install": False, "reason": error.reason, "versions": {}, "needed": True}
+    fields = {"source": error.source, "install": False, "reason": error.reason, "versions": {}, "needed": True}
+    return blank | fields | {"body": "", "body_ok": True}
 
 
 def _write_doctor(rows: Sequence[Diagnosis], errors: Sequence[LoadError], out: TextIO) -> None:
@@ -255,6 +265,10 @@ def _write_doctor(rows: Sequence[Diagnosis], errors: Sequence[LoadError], out: T
     cells = [(r.set, r.patch, _install_cell(r), _found(r.versions), r.reason) for r in rows]
     text = table(("set", "patch", "install", "found", "reason"), cells, width=WIDTH, truncate=True, floors=_FLOORS)
     out.write(text + "\n")
+    bodies = [r for r in rows if r.body]
+    if bodies:  # drift: a warning to review, never a failure
+        out.write("\nupstream bodies:\n")
+        out.writelines(f"  {'ok' if r.body_ok else 'WARNING'} {r.set}.{r.patch}: {r.body}\n" for r in bodies)
     _write_errors(errors, out)
     ok = sum(r.install for r in rows)
     unneeded = sum(1 for r in rows if not r.install and not r.needed)
@@ -279,6 +293,20 @@ def _install_cell(row: Diagnosis) -> str:
 
 def _found(versions: dict[str, str]) -> str:
     return ", ".join(f"{name} {version}" for name, version in versions.items()) or "-"
+
+
+# -- body --------------------------------------------------------------------------------------
+
+
+def _cmd_body(args: argparse.Namespace, found: Discovery, out: TextIO) -> int:
+    for path in args.paths:
+        try:
+            digest = body_fingerprint(resolve(path))
+        except Exception as exc:  # a bad path, or no source to read
+            msg = f"cannot fingerprint {path!r} ({type(exc).__name__}: {exc}); give 'module:Class.method'."
+            raise UsageError(msg) from exc
+        out.write(f"{digest}  {path}\n")
+    return OK
 
 
 # -- show -------------------------------------------------------------------------------------

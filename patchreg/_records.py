@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 import attrs
 
+from patchreg._drift import Drift, Verified, drift
 from patchreg._namespace import ABSENT
 from patchreg._predicates import Predicate, always
 from patchreg._store import Layer, Ledger, originals
@@ -83,6 +84,7 @@ class Patch:
     when: Predicate = always
     kind: Kind = "replace"
     doc: str = ""
+    verified: Verified | None = None  # the upstream bodies it was verified against (patchreg._drift)
     backup: Backup = attrs.field(init=False, factory=Backup)
     where: ImportPath | Selector = attrs.field(init=False)
 
@@ -125,6 +127,9 @@ def _validate(patch: Patch) -> None:
             f"Patch {patch.name!r}: when={patch.when!r} is not a predicate; "
             "use requires(), accepts(), has(), check() or always."
         )
+        raise PatchDefinitionError(msg, patch=patch, target=patch.target)
+    if patch.verified is not None and not isinstance(patch.verified, Verified):
+        msg = f"Patch {patch.name!r}: verified={patch.verified!r} is not a Verified(distribution, path, bodies)."
         raise PatchDefinitionError(msg, patch=patch, target=patch.target)
     if not isinstance(patch.doc, str):
         msg = f"Patch {patch.name!r}: doc must be a string, got {patch.doc!r}; give a string or leave it out."
@@ -337,7 +342,22 @@ class Report:
         lines += [f"  {e.state:<8} {e.patch:<24} {e.holder}.{e.attr} (count {e.count})" for e in self.entries]
         lines += [f"  pending  {name:<24} installed when its module is imported" for name in self.pending]
         lines += [f"  skipped  {name:<24} {reason}" for name, reason in self.skipped]
+        lines += [f"  {'verified' if d.ok else 'review':<8} {name:<24} {d.text}" for name, d in self.drift]
         return "\n".join(lines)
+
+    @property
+    def drift(self) -> tuple[tuple[str, Drift], ...]:
+        """``(patch name, Drift)`` for each patch this apply installed that declares ``verified=``.
+
+        ``Drift.ok`` is False when the upstream body is not one it was verified against: a warning
+        to review the patch (it is installed all the same).
+        """
+        seen: dict[str, Drift] = {}
+        for layer in self._ledger.layers:
+            patch = layer.patch
+            if patch.verified is not None and patch.name not in seen:
+                seen[patch.name] = drift(patch.verified)
+        return tuple(seen.items())
 
 
 def patches_of(target: object) -> tuple[str, tuple[Patch, ...]]:

@@ -31,6 +31,7 @@ from patches.megatron._layers import checkpointed_forward, get_embeddings_detach
 from patches.megatron._loss import last_losses
 from patches.megatron._models import GPT_FAMILY, HYBRID, MAMBA, known_family, language_models, model_family
 from patches.megatron._postprocess import postprocess, postprocess_detached
+from patches.megatron._verified import CHECKPOINTED_FORWARD_BODY, GET_EMBEDDINGS_BODY, POSTPROCESS_BODY
 from patches.megatron.errors import MTPConflictError
 from patchreg import Patch, PatchConflictError, PatchSet, accepts, check, has, not_needed_when, requires
 
@@ -69,6 +70,7 @@ POSTPROCESS = Patch(
     postprocess,
     when=_POSTPROCESS_WHEN,
     doc="return logits [b, s, vocab/tp]; MTP loss (clamped, scaled) attached via MTPLossAutoScaler",
+    verified=POSTPROCESS_BODY,
 )
 
 POSTPROCESS_DETACHED = Patch(
@@ -77,6 +79,7 @@ POSTPROCESS_DETACHED = Patch(
     postprocess_detached,
     when=_POSTPROCESS_WHEN,
     doc="as postprocess; MTP sees detached decoder states and a detached output head",
+    verified=POSTPROCESS_BODY,
 )
 
 DETACH_EMBEDDINGS = Patch(
@@ -85,6 +88,7 @@ DETACH_EMBEDDINGS = Patch(
     get_embeddings_detached,
     when=has(f"{_LAYER}._get_embeddings"),  # 0.13: absent; the postprocess patch detaches the embeddings itself
     doc="MTP layers embed the shifted tokens without gradient to the embedding",
+    verified=GET_EMBEDDINGS_BODY,
 )
 
 
@@ -118,6 +122,7 @@ CHECKPOINTED_FORWARD = Patch(
     & has(f"{_LAYER}._checkpointed_forward")
     & not_needed_when(check(_recompute_is_fixed, "MTP recompute is fixed upstream")),
     doc="MTP recompute saves only tensors and passes every argument (padding_mask included)",
+    verified=CHECKPOINTED_FORWARD_BODY,
 )
 
 MTP_SET = PatchSet("megatron-mtp", (POSTPROCESS, CHECKPOINTED_FORWARD), doc="MTP for PPO; trunk trained by MTP")

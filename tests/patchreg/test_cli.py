@@ -137,6 +137,8 @@ def test_doctor_json_is_a_list_of_objects_with_the_same_facts() -> None:
         "reason": f"attrs {ATTRS} does not satisfy >=999",
         "versions": {"attrs": ATTRS},
         "needed": True,
+        "body": "",
+        "body_ok": True,
     }
     assert all(o["install"] for o in objects if o["set"] == "sample-ready")
 
@@ -158,6 +160,8 @@ def test_doctor_json_lists_load_failures_as_objects() -> None:
             "(no module named 'tests.patchreg.no_such_module')",
             "versions": {},
             "needed": True,
+            "body": "",
+            "body_ok": True,
         }
     ]
 
