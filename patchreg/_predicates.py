@@ -77,7 +77,11 @@ def refresh() -> None:
 
 
 def on_refresh(hook: Callable[[], None]) -> None:
-    """Call ``hook`` whenever :func:`refresh` runs (engine caches register here)."""
+    """Call ``hook`` whenever :func:`refresh` runs: a patch set's own caches of environment facts register here.
+
+    The engine's plans register too (their predicate answers go stale). ``hook`` takes no arguments;
+    it runs in :func:`refresh`'s caller, in registration order.
+    """
     _ON_REFRESH.append(hook)
 
 

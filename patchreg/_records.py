@@ -11,36 +11,23 @@ from typing import Any, Literal
 
 import attrs
 
+from patchreg._namespace import ABSENT
 from patchreg._predicates import Predicate, always
+from patchreg._store import Layer, Ledger, originals
 from patchreg._targets import ImportPath, Selector, identity, parse_target
 from patchreg.exceptions import PatchDefinitionError
 
-__all__ = ["ABSENT", "Backup", "Installed", "Patch", "PatchSet", "Report"]
+__all__ = ["ABSENT", "Backup", "Installed", "Patch", "PatchSet", "Report", "entry", "patches_of"]
 
 Kind = Literal["replace", "wrap"]
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.+\-]*\Z")
 _DESCRIPTORS = (staticmethod, classmethod, property, functools.cached_property)
 
 
-class _Absent:
-    """Marks an attribute that was not in the namespace before a patch."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "ABSENT"
-
-    def __reduce__(self) -> str:
-        return "ABSENT"
-
-
-ABSENT: Any = _Absent()
-
-
 class Backup:
     """A patch's backup slot: the originals its live installs displaced, by the object patched.
 
-    A read-only view: the registries keep each original with its install and drop it once it
+    A read-only view of the store: the registries keep each original with its install and drop it once it
     is restored, so nothing here can outlive or disagree with what is installed. ``get(obj)``
     is the most recent original on ``obj`` (``ABSENT`` if the attribute was not in its
     namespace); a patch applied by two registries on one holder stacks, the later on top.
@@ -53,7 +40,7 @@ class Backup:
 
     def _pairs(self) -> list[tuple[Any, Any]]:
         patch = self._patch() if self._patch is not None else None
-        return [] if patch is None or _originals is None else _originals(patch)
+        return [] if patch is None else originals(patch)
 
     def get(self, holder: Any, default: Any = None) -> Any:
         """The most recent original of ``holder`` (``ABSENT`` if it had none), or ``default``."""
@@ -69,11 +56,6 @@ class Backup:
 
     def __repr__(self) -> str:
         return f"<Backup of {len(self)} object(s)>"
-
-
-#: Set by the registry module: ``(patch) -> [(holder, original), ...]`` over every live install of
-#: ``patch`` in every registry, oldest first.
-_originals: Callable[[Any], list[tuple[Any, Any]]] | None = None
 
 
 def _check_name(instance: Any, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -254,12 +236,12 @@ class Installed:
     state: str = "active"
 
 
-def entry(layer: Any, state: str | None = None) -> Installed:
+def entry(layer: Layer, state: str | None = None) -> Installed:
     """An :class:`Installed` copy of one of a registry's installs (its layer).
 
     ``state="reverted"`` shows the layer as released (count 0), whoever else still uses it.
     """
-    patch, site = layer.patch, layer.site
+    patch, site = layer.patch, layer.stack
     count = 0 if state == "reverted" else layer.count
     if state is None:
         state = "active" if count > 0 else "reverted"
@@ -275,49 +257,33 @@ def entry(layer: Any, state: str | None = None) -> Installed:
     )
 
 
-@attrs.define(eq=False, repr=False, init=False)
 class Report:
     """What one ``apply`` did, and the references it holds until it is reverted (once).
 
     ``installed`` counts new installs, ``skipped`` holds ``(name, reason)`` pairs. It stays
-    readable after the block ends: ``entries`` then show count 0 and state "reverted". Its
-    state belongs to the registry that made it (the underscored fields).
+    readable after the block ends: ``entries`` then show count 0 and state "reverted". It only
+    reads its ledger, which the registry that made it keeps (:class:`patchreg._store.Ledger`).
     """
 
-    _owner: Any  # the Registry
-    _name: str
-    _skipped: tuple[tuple[str, str], ...] = ()
-    _layers: list[Any] = attrs.field(factory=list)  # the installs this apply took a reference on, in order
-    _waiting: list[Any] = attrs.field(factory=list)  # its lazy patches
-    _released: bool = False
-    _done: int = 0  # how many layers, from the end, were released (an interrupted release resumes)
-    _installed: int = 0
+    __slots__ = ("_ledger",)
 
-    def __init__(self, owner: Any, name: str, skipped: tuple[tuple[str, str], ...] = ()) -> None:
-        # written out: attrs' generated __init__ (factories, defaults) costs twice as much, on every apply
-        self._owner = owner
-        self._name = name
-        self._skipped = skipped
-        self._layers = []
-        self._waiting = []
-        self._released = False
-        self._done = 0
-        self._installed = 0
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
 
     @property
     def name(self) -> str:
         """The patch set's name."""
-        return self._name
+        return self._ledger.name
 
     @property
     def installed(self) -> int:
         """How many installs this apply made (shared ones count 0)."""
-        return self._installed
+        return self._ledger.installed
 
     @property
     def skipped(self) -> tuple[tuple[str, str], ...]:
         """``(patch name, reason)`` for every patch this apply skipped."""
-        return self._skipped
+        return self._ledger.skipped
 
     @property
     def entries(self) -> tuple[Installed, ...]:
@@ -326,13 +292,14 @@ class Report:
         One this report released shows count 0 and state "reverted", though another user may still
         hold it; the others show the install's count (0 and "reverted" once its last user let go).
         """
-        live = len(self._layers) - self._done
-        return tuple(entry(la, None if i < live else "reverted") for i, la in enumerate(self._layers))
+        ledger = self._ledger
+        live = len(ledger.layers) - ledger.unwound
+        return tuple(entry(la, None if i < live else "reverted") for i, la in enumerate(ledger.layers))
 
     @property
     def pending(self) -> tuple[str, ...]:
         """Names of lazy patches still waiting for their module to be imported."""
-        return tuple(p.patch.name for p in self._waiting if p.state == "pending")
+        return tuple(p.patch.name for p in self._ledger.waiting if p.state == "pending")
 
     @property
     def held(self) -> int:
@@ -340,9 +307,10 @@ class Report:
 
         An install released otherwise (``revert(patch)``, ``revert_all()``: its count is 0) is not held.
         """
-        if self._released:
+        ledger = self._ledger
+        if ledger.released:
             return 0
-        return sum(1 for la in self._layers[: len(self._layers) - self._done] if la.count > 0)
+        return sum(1 for la in ledger.layers[: len(ledger.layers) - ledger.unwound] if la.count > 0)
 
     @property
     def reverted(self) -> bool:
@@ -350,11 +318,12 @@ class Report:
 
         A report that took nothing (every patch skipped) is reverted only through itself.
         """
-        if self._released:
+        ledger = self._ledger
+        if ledger.released:
             return True
         if self.held or self.pending:
             return False
-        return bool(self._layers) or any(p.state == "cancelled" for p in self._waiting)
+        return bool(ledger.layers) or any(p.state == "cancelled" for p in ledger.waiting)
 
     def __repr__(self) -> str:
         return f"<Report {self.name!r}: {self.installed} installed, {self.held} held, {len(self.skipped)} skipped>"
@@ -369,3 +338,17 @@ class Report:
         lines += [f"  pending  {name:<24} installed when its module is imported" for name in self.pending]
         lines += [f"  skipped  {name:<24} {reason}" for name, reason in self.skipped]
         return "\n".join(lines)
+
+
+def patches_of(target: object) -> tuple[str, tuple[Patch, ...]]:
+    """``(name, patches)`` of a Patch, a PatchSet or an iterable of Patch records (read once)."""
+    if isinstance(target, Patch):
+        return target.name, (target,)
+    if isinstance(target, PatchSet):
+        return target.name, target.patches
+    if isinstance(target, Iterable) and not isinstance(target, (str, bytes, Report)):
+        items = tuple(target)  # a generator too (read once)
+        if all(isinstance(p, Patch) for p in items):
+            return "patches", PatchSet("patches", items).patches  # the same checks as a set (unique names)
+    msg = f"Expected a Patch or a PatchSet, got {target!r}; build one with Patch(...) or PatchSet(name, patches)."
+    raise PatchDefinitionError(msg)

@@ -7,11 +7,9 @@ apply time and yields :class:`Site` records (a holder object and an attribute na
 from __future__ import annotations
 
 import importlib
-import operator
 import re
 import sys
 import types
-import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
@@ -19,7 +17,7 @@ import attrs
 
 from patchreg.exceptions import PatchDefinitionError, UnpatchableTargetError
 
-__all__ = ["Guards", "ImportPath", "Selector", "Site", "guard_check", "parse_import_path", "parse_target"]
+__all__ = ["ImportPath", "Selector", "Site", "class_attr", "identity", "parse_import_path", "parse_target"]
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _DOTTED = re.compile(rf"{_IDENT}(?:\.{_IDENT})*\Z")
@@ -261,40 +259,6 @@ class Selector:
                 return None
         return [Site(holder, attr) for holder in holders]
 
-    def trace(self, obj: Any) -> tuple[list[Site], Guards] | None:
-        """The sites on ``obj`` and the guards that tell cheaply whether a later resolution finds them again.
-
-        None when the walk passes through something guards cannot follow (an unwrap, a class
-        attribute or property, a plain list, an object without weak references): the caller
-        then resolves every time. Guards hold only weak references.
-        """
-        chunks = obj if isinstance(obj, (list, tuple)) else (obj,)
-        reads: list[tuple[Any, ...]] = []
-        walks: list[tuple[Any, ...]] = []
-        sites: list[Site] = []
-        for chunk in chunks:
-            holders = [chunk]
-            for step in self._steps[:-1]:
-                nxt: list[Any] = []
-                for holder in holders:
-                    value = _traced_get(holder, step.name, reads)
-                    if value is _UNSET:
-                        return None
-                    items = [value]
-                    for index in step.indices:
-                        selected = _traced_select(items, index, walks)
-                        if selected is None:
-                            return None
-                        items = selected
-                    nxt.extend(items)
-                holders = nxt
-            attr = self._steps[-1].name
-            for holder in holders:  # the attribute must come from the class (its type is checked at apply)
-                if isinstance(holder, _NOT_INSTANCES) or class_attr(type(holder), attr, _UNSET) is _UNSET:
-                    return None
-            sites.extend(Site(holder, attr) for holder in holders)
-        return sites, (tuple(reads), tuple(walks))
-
     def _explain(self, obj: Any) -> str:
         """Why the selector finds nothing on ``obj`` (the slow path, with dotted locations)."""
         first = self._steps[0].name
@@ -314,70 +278,6 @@ class Selector:
         return "nothing matched"
 
 
-#: ``(reads, walks)``: reads are ``(holder ref or None for the previous read's value, holder type, name,
-#: mapping name or None, value ref)``; walks are
-#: ``(container ref, container type, by values, element refs)``.
-Guards = tuple[tuple[tuple[Any, ...], ...], tuple[tuple[Any, ...], ...]]
-
-
-def guard_check(guards: Guards) -> Callable[[], bool]:
-    """A function that is True while every read and walk of a trace would find the same objects again.
-
-    It closes over the guards' weak references only. Each read's holder must still be of the class
-    it had (a ``__class__ =`` can bring a property or another ``__getattr__``). A walk whose container
-    is the value of the last read takes it from there rather than through its own reference.
-    """
-    reads, walks = guards
-    if not reads and not walks:
-        return _always
-    last = reads[-1][4]() if reads else None
-    walks = tuple(
-        (None if last is not None and cref() is last else cref, cls, by_values, snapshot)
-        for cref, cls, by_values, snapshot in walks
-    )
-    is_ = operator.is_
-
-    def check() -> bool:
-        value: Any = None
-        for href, cls, name, mapping, vref in reads:
-            holder = value if href is None else href()
-            if type(holder) is not cls:  # also a dead holder (None)
-                return False
-            ns = holder.__dict__
-            if mapping is None:
-                found = ns.get(name)
-            elif name in ns:
-                return False
-            else:
-                inner = ns.get(mapping)
-                found = inner.get(name) if isinstance(inner, dict) else None
-            value = vref()
-            if found is None or found is not value:
-                return False
-        for cref, cls, by_values, snapshot in walks:
-            container = value if cref is None else cref()
-            if container is None or type(container) is not cls:
-                return False
-            try:  # iter(): no __len__ call (list() would take it as a hint)
-                elements = list(container.values()) if by_values else list(iter(container))
-            except Exception:  # a container's own code: any failure means resolve again
-                return False
-            if len(elements) != len(snapshot):
-                return False
-            if len(elements) == 1:
-                if elements[0] is not snapshot[0]():
-                    return False
-            elif not all(map(is_, elements, [r() for r in snapshot])):
-                return False
-        return True
-
-    return check
-
-
-def _always() -> bool:
-    return True
-
-
 def class_attr(cls: type, name: str, default: Any = None) -> Any:
     """The attribute as stored on ``cls`` or its bases (``vars`` along the MRO), or ``default``."""
     for klass in cls.__mro__:
@@ -385,73 +285,6 @@ def class_attr(cls: type, name: str, default: Any = None) -> Any:
         if name in ns:
             return ns[name]
     return default
-
-
-def _weak(obj: Any) -> Any:
-    try:
-        return weakref.ref(obj)
-    except TypeError:
-        return None
-
-
-def _traced_get(holder: Any, name: str, reads: list[tuple[Any, ...]]) -> Any:
-    """``getattr(holder, name)`` where a guard can re-check it: from the instance ``__dict__``, or from
-    one of the dicts in it (``nn.Module._modules``) when the class's ``__getattr__`` serves it."""
-    cls = type(holder)
-    ns = getattr(holder, "__dict__", None)
-    if type(ns) is not dict or cls.__getattribute__ is not object.__getattribute__:  # type: ignore[comparison-overlap]
-        return _UNSET
-    raw = class_attr(cls, name, _UNSET)
-    if raw is not _UNSET and (name not in ns or hasattr(type(raw), "__set__")):
-        return _UNSET  # served by the class (a property, a descriptor): not followed
-    mapping = None
-    if name in ns:
-        value = ns[name]
-    else:
-        value = getattr(holder, name, _UNSET)
-        if value is _UNSET:
-            return _UNSET
-        for key, inner in list(ns.items()):  # a copy: another thread may install into this __dict__ meanwhile
-            if isinstance(inner, dict) and inner.get(name, _UNSET) is value:
-                mapping = key
-                break
-        else:
-            return _UNSET
-    href, vref = _weak(holder), _weak(value)
-    if href is None or vref is None:
-        return _UNSET
-    if reads and reads[-1][4]() is holder:  # a chain (model.mtp.layers): the holder is the value just read
-        href = None
-    reads.append((href, cls, name, mapping, vref))
-    return value
-
-
-def _traced_select(items: list[Any], index: str, walks: list[tuple[Any, ...]]) -> list[Any] | None:
-    """:func:`_select` over weakly referenceable containers and elements, recording each walk.
-
-    Each container is iterated once: the elements selected are the ones its guard recorded.
-    """
-    selected: list[Any] = []
-    for value in items:
-        if isinstance(value, (list, tuple, str, bytes)):
-            return None
-        by_values = _by_values(value)
-        try:
-            elements = list(value.values() if by_values else value)
-        except Exception:
-            return None
-        cref, snapshot = _weak(value), tuple(_weak(e) for e in elements)
-        if cref is None or None in snapshot:
-            return None
-        walks.append((cref, type(value), by_values, snapshot))
-        if index == "*":
-            selected.extend(elements)
-            continue
-        i = int(index)
-        if not -len(elements) <= i < len(elements):
-            return None
-        selected.append(elements[i])
-    return selected or None
 
 
 def _select(items: list[Any], index: str) -> list[Any]:

@@ -34,8 +34,7 @@ import typing
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from patchreg import Predicate, has, provider, requires
-from patchreg._predicates import on_refresh
+from patchreg import Predicate, has, on_refresh, provider, requires
 
 __all__ = [
     "BUILTIN_MTP_METHODS",

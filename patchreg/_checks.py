@@ -1,0 +1,202 @@
+"""Patchability, compatibility and release checks, and their messages: each refuses before any change."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import types
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from patchreg._namespace import ABSENT, label, stored_value
+from patchreg._targets import class_attr
+from patchreg.exceptions import (
+    PatchConflictError,
+    PatchError,
+    PatchOwnershipError,
+    TargetNotFoundError,
+    UnpatchableTargetError,
+)
+
+if TYPE_CHECKING:
+    from patchreg._records import Patch
+    from patchreg._store import InstallStack, Layer, Ledger
+
+__all__ = [
+    "check_compatible",
+    "check_patchable",
+    "check_release",
+    "name_patch",
+    "needed",
+    "report_skips",
+    "to_release",
+]
+
+log = logging.getLogger("patchreg")
+_IMMUTABLE_TYPE = 1 << 8  # Py_TPFLAGS_IMMUTABLETYPE
+
+
+def check_patchable(patch: Patch, holder: Any, attr: str) -> None:
+    """Refuse, before any change, what cannot be installed and restored exactly."""
+    if isinstance(holder, type) and holder.__flags__ & _IMMUTABLE_TYPE:
+        msg = (
+            f"Cannot patch {holder.__qualname__}.{attr} (target {str(patch.where)!r}): {holder.__qualname__} is an "
+            "immutable built-in type; patch the Python code that calls it, or a subclass."
+        )
+        raise UnpatchableTargetError(msg, patch=patch, target=patch.target)
+    if not isinstance(holder, (type, types.ModuleType)):
+        if not isinstance(getattr(holder, "__dict__", None), dict):
+            msg = (
+                f"Cannot patch {attr!r} on a {type(holder).__qualname__} instance (target {str(patch.where)!r}): it "
+                "has no __dict__ (__slots__); patch the class with an import path instead."
+            )
+            raise UnpatchableTargetError(msg, patch=patch, target=patch.target)
+        _check_instance_class(patch, type(holder), attr)
+    if patch.kind == "wrap":
+        _check_wrappable(patch, holder, attr)
+
+
+def _check_instance_class(patch: Patch, cls: type, attr: str) -> None:
+    if not cls.__weakrefoffset__:
+        msg = (
+            f"Cannot patch {attr!r} on a {cls.__qualname__} instance (target {str(patch.where)!r}): it does not "
+            "support weak references, so patchreg could not let it be freed; add '__weakref__' to its __slots__."
+        )
+        raise UnpatchableTargetError(msg, patch=patch, target=patch.target)
+    raw = class_attr(cls, attr, ABSENT)
+    if raw is not ABSENT and hasattr(type(raw), "__set__"):
+        msg = (
+            f"Cannot patch {attr!r} on a {cls.__qualname__} instance (target {str(patch.where)!r}): the class "
+            f"defines it as a data descriptor ({type(raw).__name__}), which an instance attribute cannot shadow; "
+            f"patch the class with '{cls.__module__}:{cls.__qualname__}.{attr}'."
+        )
+        raise UnpatchableTargetError(msg, patch=patch, target=patch.target)
+
+
+def _check_wrappable(patch: Patch, holder: Any, attr: str) -> None:
+    raw = stored_value(holder, attr)
+    if isinstance(raw, (property, functools.cached_property)) or (raw is not ABSENT and not _callable_raw(raw)):
+        msg = (
+            f"Cannot wrap {label(holder)}.{attr} (patch {patch.name!r}): it is a {type(raw).__name__}, not a "
+            "function; use kind='replace' with a replacement of the same kind."
+        )
+        raise UnpatchableTargetError(msg, patch=patch, target=patch.target)
+
+
+def _callable_raw(raw: Any) -> bool:
+    return callable(raw) or isinstance(raw, (staticmethod, classmethod))
+
+
+def check_compatible(patch: Patch, stack: InstallStack, other: Patch | None = None, where: str = "") -> None:
+    """Two replaces on one attribute conflict; a replace over wraps would discard them.
+
+    ``other`` is the patch on top (default: this registry's top layer on ``stack``); ``where`` names its registry.
+    """
+    if patch.kind == "wrap":
+        return
+    if other is None:
+        if not stack.layers:
+            return
+        other = stack.layers[-1].patch
+    if other.kind == "replace":
+        what = f"also replaces {stack.label}.{stack.attr}"
+    else:
+        what = f"wraps {stack.label}.{stack.attr}, and a replace installed over it would discard that wrapper"
+    msg = (
+        f"Patch {patch.name!r} replaces {stack.label}.{stack.attr}, but patch {other.name!r}{where} {what}; "
+        "revert one of them first, or make one a kind='wrap' patch (wraps stack)."
+    )
+    raise PatchConflictError(msg, patch=patch, target=patch.target)
+
+
+def name_patch(exc: PatchError, patch: Patch) -> None:
+    """Fill in which patch an error raised while applying ``patch`` was about, where its raiser could not tell."""
+    if exc.patch is None:
+        exc.patch = patch
+        add_note = getattr(exc, "add_note", None)  # Python 3.11+: shown under the message in a traceback
+        if add_note is not None:
+            add_note(f"(while applying patch {patch.name!r}, target {str(patch.where)!r})")
+    if exc.target is None:
+        exc.target = patch.target
+
+
+def to_release(ledger: Ledger) -> list[Layer]:
+    """The live layers ``ledger`` still holds a user of, in release order (last taken first)."""
+    taken = ledger.layers
+    return [la for la in reversed(taken[: len(taken) - ledger.unwound]) if la.count > 0 and la.stack.ref() is not None]
+
+
+def check_release(layers: list[Layer]) -> None:
+    """Verify every uninstall in ``layers`` can happen, in order, before any of them does."""
+    counts: dict[Layer, int] = {}
+    tops: dict[InstallStack, list[Layer]] = {}
+    for layer in layers:
+        have = counts.get(layer, layer.count)
+        if have <= 0:  # its users were released already (e.g. by revert(patch)): _release skips it too
+            continue
+        left = counts[layer] = have - 1
+        if left > 0:
+            continue
+        stack = layer.stack
+        dependents = stack.dependents
+        if dependents is not None and layer in dependents:
+            live = [u for u in dependents[layer] if u.count > 0 and u.stack.ref() is not None]
+            for upper in live:
+                if counts.get(upper, upper.count) > 0:  # not released earlier in this same batch
+                    how = (
+                        "through another registry"
+                        if upper.stack.ref() is stack.ref()
+                        else f"on {upper.stack.label}, which wraps it"
+                    )
+                    msg = (
+                        f"Cannot revert patch {layer.patch.name!r} on {stack.label}.{stack.attr}: patch "
+                        f"{upper.patch.name!r} was installed over it {how}; revert that one first (reverse order "
+                        "of applying). Nothing was changed."
+                    )
+                    raise PatchOwnershipError(msg, patch=layer.patch, target=layer.patch.target)
+            if live:  # released earlier in this batch, which may still be refused: keep them
+                dependents[layer] = live
+            else:  # those layers are gone: forget them
+                del dependents[layer]
+                if not dependents:
+                    stack.dependents = None
+        order = tops.get(stack)
+        if order is None:
+            order = tops[stack] = stack.layers[:]
+            current = stack.current()
+            if order[-1] is layer and not layer.releasable(current):
+                msg = (
+                    f"Cannot revert patch {layer.patch.name!r} on {stack.label}.{stack.attr}: the attribute now holds "
+                    f"{current!r}, not what patchreg installed (someone patched over it). Undo that patch first; "
+                    "nothing was changed."
+                )
+                raise PatchOwnershipError(msg, patch=layer.patch, target=layer.patch.target)
+        if order[-1] is not layer:
+            msg = (
+                f"Cannot revert patch {layer.patch.name!r} on {stack.label}.{stack.attr} before patch "
+                f"{order[-1].patch.name!r}, which was installed over it; revert in reverse order of applying "
+                "(exit the inner block first). Nothing was changed."
+            )
+            raise PatchOwnershipError(msg, patch=layer.patch, target=layer.patch.target)
+        order.pop()
+
+
+def needed(patch: Patch) -> bool:
+    """Whether a skip of ``patch`` matters: a target that was not found, or a predicate that is not "not needed"."""
+    answer = patch.when.evaluate()  # cached
+    return answer.ok or answer.needed
+
+
+def report_skips(name: str, skipped: list[tuple[str, str]], strict: bool, patches: Iterable[Patch]) -> None:
+    """Warn about (``strict``: refuse) the skips that matter: not those a predicate marks *not needed* here."""
+    by_name = {p.name: p for p in patches}
+    skipped = [(n, r) for n, r in skipped if n not in by_name or needed(by_name[n])]
+    if not skipped:
+        return
+    for patch_name, reason in skipped:
+        log.warning("patchreg: %s.%s skipped: %s", name, patch_name, reason)
+    if strict:
+        lines = "; ".join(f"{n}: {r}" for n, r in skipped)
+        msg = f"Patch set {name!r} applied with strict=True, but {len(skipped)} patch(es) would be skipped: {lines}."
+        first = by_name.get(skipped[0][0])  # the error is about the first of them (the message names all)
+        raise TargetNotFoundError(msg, patch=first, target=None if first is None else first.target)

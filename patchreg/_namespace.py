@@ -1,0 +1,126 @@
+"""Every raw read and write of an attribute: the value stored along the MRO, a holder's own value,
+the object to install (built, bound), the write, and the put-back.
+
+Originals are read from ``vars()`` along the MRO, never through ``getattr`` (which binds
+descriptors). ``kind`` is where the attribute lives: ``"module"``, ``"class"`` or ``"instance"``.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import wrapt
+
+from patchreg._targets import class_attr
+
+__all__ = ["ABSENT", "bind_like", "build", "holder_kind", "label", "own_value", "put_back", "stored_value", "write"]
+
+
+class _Absent:
+    """Marks an attribute that was not in the namespace before a patch."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+    def __reduce__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT: Any = _Absent()
+
+
+def holder_kind(holder: Any) -> str:
+    """``"module"``, ``"class"`` or ``"instance"``: which namespace an install on ``holder`` writes."""
+    if isinstance(holder, types.ModuleType):
+        return "module"
+    return "class" if isinstance(holder, type) else "instance"
+
+
+def label(holder: Any) -> str:
+    """How messages and tables name a holder: a module's name, a class's dotted name, ``Type@0xaddr``."""
+    if isinstance(holder, types.ModuleType):
+        return holder.__name__
+    if isinstance(holder, type):
+        return f"{holder.__module__}.{holder.__qualname__}"
+    return f"{type(holder).__name__}@{id(holder):#x}"
+
+
+def own_value(holder: Any, attr: str) -> Any:
+    """What ``holder``'s own namespace stores for ``attr`` (``ABSENT`` if nothing)."""
+    return vars(holder).get(attr, ABSENT)
+
+
+def stored_value(holder: Any, attr: str) -> Any:
+    """The attribute as stored: from ``vars`` along the MRO for classes, ``vars`` otherwise."""
+    if isinstance(holder, type):
+        return class_attr(holder, attr, ABSENT)
+    if isinstance(holder, types.ModuleType):
+        return vars(holder).get(attr, ABSENT)
+    value = vars(holder).get(attr, ABSENT)
+    return value if value is not ABSENT else class_attr(type(holder), attr, ABSENT)
+
+
+def build(replacement: Any, wrap: bool, kind: str, holder: Any, attr: str, original: Any) -> Any:
+    """The object to install: ``replacement`` (bound or re-wrapped as needed), or a FunctionWrapper (``wrap``)."""
+    if wrap:
+        if kind == "instance":
+            return wrapt.FunctionWrapper(getattr(holder, attr), replacement)
+        return wrapt.FunctionWrapper(stored_value(holder, attr), replacement)
+    value: Any = replacement
+    if kind == "instance":
+        return bind_like(value, holder, attr, original)
+    if kind == "class":
+        raw = class_attr(holder, attr, ABSENT)
+        if isinstance(value, types.FunctionType) and isinstance(raw, (staticmethod, classmethod)):
+            return type(raw)(value)
+        set_name = getattr(type(value), "__set_name__", None)
+        if set_name is not None:  # as class creation would (cached_property needs it)
+            set_name(value, holder, attr)
+    return value
+
+
+def bind_like(value: Any, holder: Any, attr: str, original: Any) -> Any:
+    """Bind ``value`` to ``holder`` the way the attribute it shadows is bound (method, static, class)."""
+    cls = type(holder)
+    if original is not ABSENT:  # something already in vars(instance): bind only if it is our method
+        bound = getattr(original, "__self__", None) is holder and callable(original)
+        if bound and getattr(original, "__func__", None) is value:  # the same replacement, bound the same way
+            return original  # (the same patch through another registry): install that very object again
+        return value.__get__(holder, cls) if bound and hasattr(value, "__get__") else value
+    raw = class_attr(cls, attr, ABSENT)
+    if type(raw) is types.FunctionType:
+        return value.__get__(holder, cls) if hasattr(value, "__get__") else value
+    if isinstance(raw, staticmethod):
+        return value.__get__(holder, cls) if isinstance(value, staticmethod) else value
+    if isinstance(raw, classmethod):
+        return types.MethodType(value, cls) if isinstance(value, types.FunctionType) else value.__get__(holder, cls)
+    if raw is not ABSENT and hasattr(type(raw), "__get__") and callable(raw) and hasattr(value, "__get__"):
+        return value.__get__(holder, cls)
+    return value
+
+
+def write(kind: str, holder: Any, attr: str, value: Any) -> None:
+    """Store ``value``: into ``vars(instance)`` directly, through ``setattr`` on classes and modules."""
+    if kind == "instance":
+        vars(holder)[attr] = value
+    else:
+        setattr(holder, attr, value)
+
+
+def put_back(kind: str, holder: Any, attr: str, original: Any, *, raw: bool = False) -> None:
+    """Write ``original`` back (``ABSENT``: remove the attribute, if it is there).
+
+    ``raw``: past any ``__setattr__``/``__delattr__`` of a metaclass or module class (to undo a write one changed).
+    """
+    if kind == "instance" or (raw and kind == "module"):
+        if original is ABSENT:
+            vars(holder).pop(attr, None)
+        else:
+            vars(holder)[attr] = original
+    elif original is not ABSENT:
+        (type.__setattr__ if raw else setattr)(holder, attr, original)
+    elif attr in vars(holder):
+        (type.__delattr__ if raw else delattr)(holder, attr)

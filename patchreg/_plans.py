@@ -1,0 +1,520 @@
+"""Plans and guards: the one hot path, and the only place where code is inlined for speed.
+
+An apply of a Patch or PatchSet on an object is resolved fully the first time (selectors walked,
+predicates evaluated, every check made); on the second apply of the same set on the same object a
+:class:`Plan` is remembered from a trace of that resolution, and later applies re-use it while its
+guards show that resolving again would find the same holders.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import time
+import types
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from patchreg._checks import check_patchable, name_patch, report_skips
+from patchreg._namespace import ABSENT, bind_like, label
+from patchreg._predicates import on_refresh
+from patchreg._records import Patch, PatchSet
+from patchreg._store import LOCK, SEQUENCE, Installs, InstallStack, Layer, Ledger, Owner, weak_or_id
+from patchreg._targets import _NOT_INSTANCES, _UNSET, Miss, Selector, Site, _by_values, class_attr, identity
+from patchreg.exceptions import PatchError
+
+__all__ = ["Plan", "Trace", "Work", "apply_planned", "guard_check", "plan_key", "resolve", "resolve_all", "trace"]
+
+log = logging.getLogger("patchreg")
+
+#: ``(reads, walks)``: reads are ``(holder ref or None for the previous read's value, holder type, name,
+#: mapping name or None, value ref)``; walks are
+#: ``(container ref, container type, by values, element refs)``.
+Guards = tuple[tuple[tuple[Any, ...], ...], tuple[tuple[Any, ...], ...]]
+#: One unit of an apply: (patch, holder, attribute).
+Work = tuple[Patch, Any, str]
+#: What an apply traced per patch for a plan: (patch, the predicate's skip reason, sites and guards).
+Trace = tuple[Patch, "str | None", "tuple[list[Site], Guards] | None"]
+SEEN_MAX = 4096  # first applies remembered (to plan on the second one) before the marks are dropped
+_PLAIN, _METHOD = 1, 2
+_MethodType = types.MethodType
+_Ref = weakref.ReferenceType  # a planned instance install: the replacement itself, or bound to the holder
+_new = object.__new__
+generation = [0]  # bumped by refresh(): plans made before hold stale predicate answers
+
+
+def _stale_plans() -> None:
+    generation[0] += 1
+
+
+on_refresh(_stale_plans)
+
+
+def plan_key(target: object, obj: Any) -> tuple[int, ...]:
+    """The key of a plan: the identities of the target and of the object (or each chunk)."""
+    if isinstance(obj, (list, tuple)):
+        return (identity(target), *map(identity, obj))
+    return (identity(target), identity(obj))
+
+
+def plannable(target: object, obj: Any) -> bool:
+    """Whether an apply of ``target`` on ``obj`` may be remembered as a plan."""
+    return isinstance(target, (Patch, PatchSet)) and not isinstance(obj, (str, bytes, type, types.ModuleType))
+
+
+def _traced(patch: Patch, obj: Any, found: list[Site]) -> tuple[list[Site], Guards] | None:
+    """A selector's trace on ``obj`` when it agrees with ``found``; None: resolve at every apply."""
+    if patch.is_global:
+        return None
+    traced = trace(patch.where, obj)  # type: ignore[arg-type]
+    if traced is None or len(traced[0]) != len(found):
+        return None
+    for (holder, attr), hit in zip(traced[0], found, strict=True):
+        if holder is not hit.holder or attr != hit.attr:
+            return None
+    return traced
+
+
+class Plan:
+    """One Patch or PatchSet resolved on one object, re-used while its guards hold.
+
+    ``items`` per patch: ``(patch, skip reason, entries)``: a predicate's skip (valid until
+    ``refresh()``), or entries ``(stack, holder type, class read, bind mode)`` of a traced selector,
+    or None for a patch resolved at every apply (import paths, misses, walks guards cannot follow).
+    The class read (:func:`_class_read`) is the attribute as the holder's class stores it when planned:
+    an entry is stale once the class stores something else (the method deleted, replaced, re-wrapped
+    as a ``staticmethod``, or shadowed by a class earlier in the MRO).
+    The object and its holders are held weakly (their classes strongly): a plan never keeps its
+    object alive, and goes with it.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "flat",
+        "gen",
+        "holds",
+        "items",
+        "key",
+        "name",
+        "obj",
+        "plans",
+        "refs",
+        "skipped",
+        "target",
+    )
+
+    #: every planned install, when all are:
+    #: (patch, stack, holder type, *class read, bind mode, attr, replacement, stack.layers)
+    flat: tuple[tuple[Patch, InstallStack, type, Any, Any, Any, Any, int, str, Any, list[Layer]], ...] | None
+    skipped: tuple[tuple[str, str], ...]  # the predicate skips
+    gen: int
+    holds: Callable[[], bool]  # the guards as one check: True while resolving again would find the same holders
+    items: tuple[tuple[Patch, str | None, tuple[tuple[InstallStack, type, Any, int], ...] | None], ...]
+    key: tuple[int, ...]
+    name: str
+    plans: dict[tuple[int, ...], Plan]
+    refs: tuple[weakref.ref[Any], ...]  # the target's, then each chunk's
+    target: Callable[[], Any]  # refs[0]
+    obj: Callable[[], Any]  # the one object's weak reference (for None: returns None; for chunks: never matches)
+
+    @classmethod
+    def remember(
+        cls,
+        installs: Installs,
+        plans: dict[tuple[int, ...], Plan],
+        target: object,
+        obj: Any,
+        name: str,
+        traces: list[Trace],
+        gen: int,
+    ) -> Plan | None:
+        """Keep a plan from the traces of an apply that just succeeded (under the lock: its sites exist)."""
+        plan = cls()
+        chunks = list(obj) if isinstance(obj, (list, tuple)) else ([] if obj is None else [obj])
+        try:
+            plan.refs = (weakref.ref(target, plan.forget), *(weakref.ref(c, plan.forget) for c in chunks))
+        except TypeError:  # an object without weak references is resolved at every apply
+            return None
+        plan.target = plan.refs[0]
+        plan.obj = _no_object if obj is None else plan.refs[1] if len(chunks) == 1 and chunks[0] is obj else _not_one
+        items: list[tuple[Patch, str | None, tuple[tuple[InstallStack, type, Any, int], ...] | None]] = []
+        reads: list[tuple[Any, ...]] = []
+        walks: list[tuple[Any, ...]] = []
+        for patch, reason, traced in traces:
+            entries: list[tuple[InstallStack, type, Any, int]] | None = None
+            if traced is not None:
+                entries = []
+                for holder, attr in traced[0]:
+                    stack = installs.stacks.get((identity(holder), attr))
+                    kind = type(holder)
+                    seen = _class_read(kind, attr)  # what an apply compares: the class attribute as stored
+                    if stack is None or stack.ref() is not holder or seen[3] is ABSENT:
+                        entries = None
+                        break
+                    entries.append((stack, kind, seen, _bind_mode(patch, stack, holder)))
+            if entries is not None:
+                reads.extend(traced[1][0])  # type: ignore[index]
+                walks.extend(traced[1][1])  # type: ignore[index]
+            items.append((patch, reason, None if entries is None else tuple(entries)))
+        plan.items = tuple(items)
+        plan.holds = guard_check((tuple(reads), tuple(walks)))
+        plan.skipped = tuple((p.name, reason) for p, reason, _e in items if reason is not None)
+        planned = all(reason is not None or entries is not None for _p, reason, entries in items)
+        flat = [
+            (p, stack, cls, *seen, mode, stack.attr, p.replacement, stack.layers)
+            for p, _r, entries in items
+            for stack, cls, seen, mode in entries or ()
+        ]
+        plan.flat = tuple(flat) if planned else None
+        plan.gen, plan.name, plan.plans, plan.key = gen, name, plans, plan_key(target, obj)
+        plans[plan.key] = plan
+        return plan
+
+    def forget(self, _dead: object = None) -> None:
+        """Drop this plan (its target or object died)."""
+        if self.plans.get(self.key) is self:
+            self.plans.pop(self.key, None)
+
+    def matches(self, target: object, obj: Any) -> bool:
+        """True when this plan was made for ``target`` on ``obj`` (the same objects, not equal ones)."""
+        refs = self.refs
+        if refs[0]() is not target:
+            return False
+        if len(refs) == 2 and refs[1]() is obj:
+            return True
+        if isinstance(obj, (list, tuple)):
+            return len(refs) == len(obj) + 1 and all(r() is c for r, c in zip(refs[1:], obj, strict=True))
+        return obj is None and len(refs) == 1
+
+    def work(self, obj: Any) -> tuple[list[Work], list[tuple[str, str]]] | None:
+        """The work and skips of an apply now, or None when the plan is stale (resolve again)."""
+        if self.gen != generation[0] or not self.holds():
+            return None
+        work: list[Work] = []
+        skipped: list[tuple[str, str]] = []
+        for patch, reason, entries in self.items:
+            if reason is not None:
+                skipped.append((patch.name, reason))
+            elif entries is None:
+                found = resolve(patch, obj)
+                if isinstance(found, str):
+                    skipped.append((patch.name, found))
+                else:
+                    work.extend((patch, holder, attr) for holder, attr in found)
+            else:
+                for stack, cls, seen, mode in entries:
+                    holder, attr = stack.ref(), stack.attr
+                    if type(holder) is not cls or _class_changed(cls, attr, *seen):  # died, class swapped, or
+                        return None  # the class's attribute changed (deleted, replaced, shadowed)
+                    if not mode or attr in holder.__dict__:  # not the clean case: the checks of a first apply
+                        check_patchable(patch, holder, attr)
+                    work.append((patch, holder, attr))
+        return work, skipped
+
+
+def _class_read(cls: type, attr: str) -> tuple[tuple[type, ...], tuple[Any, ...], Any, Any]:
+    """``(MRO, namespaces above the owner, owner's namespace, value)``: ``attr`` as ``cls`` stores it.
+
+    The namespaces are the classes' live ``vars`` views: :func:`_class_changed` re-reads them without
+    running any descriptor (``getattr`` on a class would, and cannot tell ``f`` from ``staticmethod(f)``).
+    """
+    mro = cls.__mro__
+    above: list[Any] = []
+    for klass in mro:
+        view = vars(klass)
+        if attr in view:
+            return mro, tuple(above), view, view[attr]
+        above.append(view)
+    return mro, (), vars(cls), ABSENT
+
+
+def _class_changed(cls: type, attr: str, mro: tuple[type, ...], above: tuple[Any, ...], view: Any, raw: Any) -> bool:
+    """True when ``cls`` no longer stores ``attr`` as :func:`_class_read` found it."""
+    if view.get(attr, ABSENT) is not raw:
+        return True
+    return bool(above) and (cls.__mro__ is not mro or any(attr in v for v in above))
+
+
+def _no_object() -> None:
+    """A plan's object reference when it was made for no object."""
+    return None
+
+
+def _not_one() -> object:
+    """A plan's object reference when it was made for chunks: never the object of a one-object apply."""
+    return _Stale
+
+
+class _Stale(Exception):
+    """A plan found stale half-way through an apply (its holder died or changed class)."""
+
+
+def _bind_mode(patch: Patch, stack: InstallStack, holder: Any) -> int:
+    """How a planned install on an instance binds the replacement (0: not planned, use the general path)."""
+    if patch.kind != "replace" or stack.kind != "instance":
+        return 0
+    value = patch.replacement
+    bound = bind_like(value, holder, stack.attr, ABSENT)
+    if bound is value:
+        return _PLAIN
+    if type(value) is types.FunctionType and type(bound) is types.MethodType and bound.__self__ is holder:
+        return _METHOD
+    return 0
+
+
+def apply_planned(owner: Owner, installs: Installs, plan: Plan, strict: bool, warn: bool) -> Ledger | None:
+    """Apply a plan whose every patch is planned; None when it turns out stale (nothing changed)."""
+    if plan.gen != generation[0] or not plan.holds():
+        return None
+    if plan.skipped and (strict or warn):
+        report_skips(plan.name, list(plan.skipped), strict, [p for p, _r, _e in plan.items])
+    ledger = Ledger(owner, plan.name, plan.skipped)
+    layers = ledger.layers
+    installed = 0
+    LOCK.acquire()  # acquire/release: a third of what a with statement costs here
+    try:
+        if installs.dead:
+            installs.purge()
+        now = time.time()
+        debug = log.isEnabledFor(logging.DEBUG)
+        try:
+            for patch, stack, cls, mro, above, view, raw, mode, attr, replacement, layers_on in plan.flat:  # type: ignore[union-attr]
+                holder = stack.ref()
+                if (  # died (None), class swapped, or the class's attribute changed (deleted, replaced, shadowed)
+                    type(holder) is not cls
+                    or view.get(attr, ABSENT) is not raw
+                    or (above and _class_changed(cls, attr, mro, above, view, raw))
+                ):
+                    raise _Stale  # resolve again
+                ns = holder.__dict__
+                if mode and not layers_on and attr not in ns:  # the clean case, checked when planned
+                    value = replacement if mode == _PLAIN else _MethodType(replacement, holder)
+                    ns[attr] = value
+                    layer = _new(Layer)  # Layer(patch, stack, value, now, ABSENT), inline
+                    layer.patch, layer.stack, layer.count, layer.since = patch, stack, 1, now
+                    layer.seq, layer.original = next(SEQUENCE), ABSENT
+                    layer.installed = _Ref(value) if mode == _METHOD else weak_or_id(value)
+                    layers_on.append(layer)
+                    layers.append(layer)
+                    installed += 1
+                    if debug:
+                        log.debug("patchreg: installed %s on %s.%s", patch.name, label(holder), attr)
+                else:
+                    check_patchable(patch, holder, attr)
+                    installed += installs.take(patch, holder, attr, ledger, now)
+        except _Stale:
+            installs.release(ledger)
+            return None
+        except BaseException:
+            installs.release(ledger)
+            raise
+    finally:
+        LOCK.release()
+    ledger.installed = installed
+    return ledger
+
+
+def resolve_all(
+    patches: tuple[Patch, ...], obj: Any, traces: list[Trace] | None = None
+) -> tuple[list[Work], list[tuple[str, str]]]:
+    """Evaluate predicates and resolve targets, outside the lock; changes nothing.
+
+    With ``traces``, also appends what a :class:`Plan` needs per patch.
+    """
+    work: list[Work] = []
+    skipped = []
+    for patch in patches:
+        try:
+            answer = patch.when.evaluate()
+            found = resolve(patch, obj) if answer.ok else ""
+        except PatchError as exc:  # from a predicate, a selector or a check: say which patch it was about
+            name_patch(exc, patch)
+            raise
+        if not answer.ok:
+            skipped.append((patch.name, answer.reason))
+            if traces is not None:
+                traces.append((patch, answer.reason, None))
+            continue
+        if isinstance(found, str):
+            skipped.append((patch.name, found))
+            if traces is not None:
+                traces.append((patch, None, None))
+            continue
+        work.extend((patch, holder, attr) for holder, attr in found)
+        if traces is not None:
+            traces.append((patch, None, _traced(patch, obj, found)))
+    return work, skipped
+
+
+def resolve(patch: Patch, obj: Any) -> list[Site] | str:
+    """The sites of ``patch`` on ``obj``, checked patchable; a string says why there are none."""
+    found = patch.where.resolve(obj)
+    if isinstance(found, Miss):
+        return found.reason
+    for holder, attr in found:
+        check_patchable(patch, holder, attr)
+    return found
+
+
+# -- traces and guards ------------------------------------------------------------
+
+
+def trace(selector: Selector, obj: Any) -> tuple[list[Site], Guards] | None:
+    """The sites on ``obj`` and the guards that tell cheaply whether a later resolution finds them again.
+
+    None when the walk passes through something guards cannot follow (an unwrap, a class
+    attribute or property, a plain list, an object without weak references): the caller
+    then resolves every time. Guards hold only weak references.
+    """
+    chunks = obj if isinstance(obj, (list, tuple)) else (obj,)
+    reads: list[tuple[Any, ...]] = []
+    walks: list[tuple[Any, ...]] = []
+    sites: list[Site] = []
+    for chunk in chunks:
+        holders = [chunk]
+        for step in selector._steps[:-1]:
+            nxt: list[Any] = []
+            for holder in holders:
+                value = _traced_get(holder, step.name, reads)
+                if value is _UNSET:
+                    return None
+                items = [value]
+                for index in step.indices:
+                    selected = _traced_select(items, index, walks)
+                    if selected is None:
+                        return None
+                    items = selected
+                nxt.extend(items)
+            holders = nxt
+        attr = selector._steps[-1].name
+        for holder in holders:  # the attribute must come from the class (its type is checked at apply)
+            if isinstance(holder, _NOT_INSTANCES) or class_attr(type(holder), attr, _UNSET) is _UNSET:
+                return None
+        sites.extend(Site(holder, attr) for holder in holders)
+    return sites, (tuple(reads), tuple(walks))
+
+
+def guard_check(guards: Guards) -> Callable[[], bool]:
+    """A function that is True while every read and walk of a trace would find the same objects again.
+
+    It closes over the guards' weak references only. Each read's holder must still be of the class
+    it had (a ``__class__ =`` can bring a property or another ``__getattr__``). A walk whose container
+    is the value of the last read takes it from there rather than through its own reference.
+    """
+    reads, walks = guards
+    if not reads and not walks:
+        return _always
+    last = reads[-1][4]() if reads else None
+    walks = tuple(
+        (None if last is not None and cref() is last else cref, cls, by_values, snapshot)
+        for cref, cls, by_values, snapshot in walks
+    )
+    is_ = operator.is_
+
+    def check() -> bool:
+        value: Any = None
+        for href, cls, name, mapping, vref in reads:
+            holder = value if href is None else href()
+            if type(holder) is not cls:  # also a dead holder (None)
+                return False
+            ns = holder.__dict__
+            if mapping is None:
+                found = ns.get(name)
+            elif name in ns:
+                return False
+            else:
+                inner = ns.get(mapping)
+                found = inner.get(name) if isinstance(inner, dict) else None
+            value = vref()
+            if found is None or found is not value:
+                return False
+        for cref, cls, by_values, snapshot in walks:
+            container = value if cref is None else cref()
+            if container is None or type(container) is not cls:
+                return False
+            try:  # iter(): no __len__ call (list() would take it as a hint)
+                elements = list(container.values()) if by_values else list(iter(container))
+            except Exception:  # a container's own code: any failure means resolve again
+                return False
+            if len(elements) != len(snapshot):
+                return False
+            if len(elements) == 1:
+                if elements[0] is not snapshot[0]():
+                    return False
+            elif not all(map(is_, elements, [r() for r in snapshot])):
+                return False
+        return True
+
+    return check
+
+
+def _always() -> bool:
+    return True
+
+
+def _weak(obj: Any) -> Any:
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return None
+
+
+def _traced_get(holder: Any, name: str, reads: list[tuple[Any, ...]]) -> Any:
+    """``getattr(holder, name)`` where a guard can re-check it: from the instance ``__dict__``, or from
+    one of the dicts in it (``nn.Module._modules``) when the class's ``__getattr__`` serves it."""
+    cls = type(holder)
+    ns = getattr(holder, "__dict__", None)
+    if type(ns) is not dict or cls.__getattribute__ is not object.__getattribute__:  # type: ignore[comparison-overlap]
+        return _UNSET
+    raw = class_attr(cls, name, _UNSET)
+    if raw is not _UNSET and (name not in ns or hasattr(type(raw), "__set__")):
+        return _UNSET  # served by the class (a property, a descriptor): not followed
+    mapping = None
+    if name in ns:
+        value = ns[name]
+    else:
+        value = getattr(holder, name, _UNSET)
+        if value is _UNSET:
+            return _UNSET
+        for key, inner in list(ns.items()):  # a copy: another thread may install into this __dict__ meanwhile
+            if isinstance(inner, dict) and inner.get(name, _UNSET) is value:
+                mapping = key
+                break
+        else:
+            return _UNSET
+    href, vref = _weak(holder), _weak(value)
+    if href is None or vref is None:
+        return _UNSET
+    if reads and reads[-1][4]() is holder:  # a chain (model.mtp.layers): the holder is the value just read
+        href = None
+    reads.append((href, cls, name, mapping, vref))
+    return value
+
+
+def _traced_select(items: list[Any], index: str, walks: list[tuple[Any, ...]]) -> list[Any] | None:
+    """:func:`_select` over weakly referenceable containers and elements, recording each walk.
+
+    Each container is iterated once: the elements selected are the ones its guard recorded.
+    """
+    selected: list[Any] = []
+    for value in items:
+        if isinstance(value, (list, tuple, str, bytes)):
+            return None
+        by_values = _by_values(value)
+        try:
+            elements = list(value.values() if by_values else value)
+        except Exception:
+            return None
+        cref, snapshot = _weak(value), tuple(_weak(e) for e in elements)
+        if cref is None or None in snapshot:
+            return None
+        walks.append((cref, type(value), by_values, snapshot))
+        if index == "*":
+            selected.extend(elements)
+            continue
+        i = int(index)
+        if not -len(elements) <= i < len(elements):
+            return None
+        selected.append(elements[i])
+    return selected or None

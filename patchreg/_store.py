@@ -1,0 +1,477 @@
+"""The only mutable state of patchreg, and the only code that changes it.
+
+One lock for every registry (they all write the same namespaces), the live registries, each
+registry's installs (a stack of layers per attribute), the ledger behind every :class:`Report`,
+and checkpoints. Everything else reads this state or asks it to change: records read it (a
+Patch's backup, a Report's entries), the registry and plans ask for users to be taken and released.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from patchreg._checks import check_compatible, check_release, to_release
+from patchreg._namespace import ABSENT, build, holder_kind, label, put_back, write
+from patchreg._targets import identity
+from patchreg.exceptions import PatchOwnershipError, UnpatchableTargetError
+
+if TYPE_CHECKING:
+    from patchreg._lazy import Pending
+    from patchreg._records import Patch
+
+__all__ = [
+    "GONE",
+    "LOCK",
+    "REGISTRIES",
+    "Checkpoint",
+    "InstallStack",
+    "Installs",
+    "Layer",
+    "Ledger",
+    "WeakOriginal",
+    "originals",
+    "top_owner",
+]
+
+log = logging.getLogger("patchreg")
+
+#: One lock for every registry: they all write the same namespaces.
+LOCK = threading.RLock()
+if hasattr(os, "register_at_fork"):  # a fork waits out any apply/revert in flight; the child's lock is free
+    os.register_at_fork(before=LOCK.acquire, after_in_parent=LOCK.release, after_in_child=LOCK.release)
+
+SEQUENCE = itertools.count()  # install order across registries (a patch's backup stacks by it)
+Ref = weakref.ReferenceType
+
+
+class Owner(Protocol):
+    """What the store needs of a registry: its name (for messages) and its installs."""
+
+    name: str
+    _installs: Installs
+
+
+#: Every live registry (weakly): cross-registry ownership and a patch's backup look through all of them.
+REGISTRIES: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+class Layer:
+    """One patch installed on one attribute, with its user count and the original it displaced.
+
+    ``owns`` is an ``is`` test for the installed object that keeps no strong reference to an
+    instance it was bound to: on instances the installed object (a bound method, usually) is
+    held through a weak reference; one that cannot be weakly referenced, by its identity.
+    The original is held weakly too (:class:`WeakOriginal`) where what is installed keeps it alive
+    (it is that very object, or a wrapper of it): a layer over another on an instance then holds
+    no method bound to the instance either.
+    """
+
+    __slots__ = ("count", "installed", "original", "patch", "seq", "since", "stack")
+
+    patch: Patch
+    stack: InstallStack
+
+    def __init__(self, patch: Patch, stack: InstallStack, installed: Any, since: float, original: Any) -> None:
+        self.patch = patch
+        self.stack = stack
+        self.count = 1
+        self.since = since
+        self.seq = next(SEQUENCE)
+        self.original = original  # what patch.backup shows (read it through displaced()); dropped once restored
+        self.installed: Any = installed
+        if stack.kind == "instance":
+            self.installed = weak_or_id(installed)
+            if original is not ABSENT and (
+                installed is original or getattr(installed, "__wrapped__", None) is original
+            ):
+                self.original = WeakOriginal.of(original)
+
+    def displaced(self) -> Any:
+        """The original this layer displaced (``GONE`` once a weakly held one died with what kept it)."""
+        original = self.original
+        if type(original) is not WeakOriginal:
+            return original
+        found = original.ref()
+        return GONE if found is None else found
+
+    def owns(self, current: Any) -> bool:
+        """True when ``current`` is the very object this layer installed."""
+        installed: Any = self.installed
+        if self.stack.kind != "instance":
+            return current is installed
+        if type(installed) is Ref:
+            mine = installed()  # None once what was installed is gone: then nothing there is ours
+            return mine is not None and mine is current
+        return bool(identity(current) == installed)
+
+    def releasable(self, current: Any) -> bool:
+        """True when releasing this layer (the top one) restores exactly: ``current`` is what it installed,
+        or the original is already there (someone else put it back or removed the attribute it added, or
+        a write of ours stored and then raised, or raised before storing)."""
+        return self.owns(current) or current is self.displaced()
+
+
+class WeakOriginal:
+    """An original held weakly because the object installed over it keeps it alive."""
+
+    __slots__ = ("ref",)
+    ref: weakref.ref[Any]
+
+    @staticmethod
+    def of(original: Any) -> Any:
+        """``original`` held weakly where it can be, else itself."""
+        kept = WeakOriginal()
+        try:
+            kept.ref = Ref(original)
+        except TypeError:
+            return original
+        return kept
+
+
+GONE = object()  # a weakly held original that died (what kept it alive was removed by someone else)
+
+
+def weak_or_id(installed: Any) -> Any:
+    """How an instance layer holds what it installed: a weak reference, or else its identity."""
+    try:
+        return Ref(installed)
+    except TypeError:
+        return identity(installed)
+
+
+class InstallStack:
+    """One attribute on one holder (held weakly), and one registry's layers on it (bottom first)."""
+
+    __slots__ = ("attr", "dependents", "key", "kind", "layers", "ref")
+
+    def __init__(self, holder: Any, attr: str, kind: str, on_death: Callable[[Any], None]) -> None:
+        self.ref = weakref.ref(holder, on_death)
+        self.attr = attr
+        self.kind = kind
+        self.key = (identity(holder), attr)
+        self.layers: list[Layer] = []
+        #: our layers that others depend on: {our layer: the layers over it}; None when there are none. Over it:
+        #: another registry's layer on this attribute, or a wrap (any registry's) of this class attribute
+        #: installed on a subclass or an instance, which calls what it wrapped
+        self.dependents: dict[Layer, list[Layer]] | None = None
+
+    @property
+    def label(self) -> str:
+        holder = self.ref()
+        return "<dead object>" if holder is None else label(holder)
+
+    def current(self) -> Any:
+        holder = self.ref()
+        return ABSENT if holder is None else vars(holder).get(self.attr, ABSENT)
+
+
+class Ledger:
+    """What one apply took (the state behind a :class:`Report`, which only reads it)."""
+
+    __slots__ = ("installed", "layers", "name", "owner", "released", "skipped", "unwound", "waiting")
+
+    def __init__(self, owner: Owner, name: str, skipped: tuple[tuple[str, str], ...] = ()) -> None:
+        self.owner = owner
+        self.name = name
+        self.skipped = skipped
+        self.layers: list[Layer] = []  # the installs this apply took a user of, in order
+        self.waiting: list[Pending] = []  # its lazy patches
+        self.released = False
+        self.unwound = 0  # how many layers, from the end, were released (an interrupted release resumes)
+        self.installed = 0
+
+
+class Checkpoint:
+    """One moment of a registry (see :meth:`Registry.checkpoint`): the applies made since, while it lives."""
+
+    __slots__ = ("__weakref__", "installs", "ledgers", "owner")
+
+    def __init__(self, owner: Any, installs: int) -> None:
+        self.owner = owner
+        self.installs = installs  # how many installs there were (its repr); it holds none of them
+        self.ledgers: list[Ledger] = []  # the applies made since, in order
+
+    def __repr__(self) -> str:
+        return f"<Checkpoint of {self.installs} install(s) in {self.owner.name!r}>"
+
+
+class Installs:
+    """One registry's installs: an :class:`InstallStack` per attribute, its lazy patches, its checkpoints.
+
+    Every method that changes something runs under :data:`LOCK` (the caller holds it).
+    Stacks stay while their holder lives (weakly), so re-applying is cheap.
+    """
+
+    __slots__ = ("checkpoints", "dead", "owner", "pending", "stacks")
+
+    def __init__(self, owner: Owner) -> None:
+        self.owner = weakref.ref(owner)
+        self.stacks: dict[tuple[int, str], InstallStack] = {}
+        self.dead: list[Any] = []  # holders' death notices, purged under the lock
+        self.pending: list[Pending] = []
+        self.checkpoints: list[weakref.ref[Checkpoint]] = []  # live checkpoints record every apply
+
+    def purge(self) -> None:
+        if self.dead:
+            self.dead.clear()
+            for key in [k for k, s in self.stacks.items() if s.ref() is None]:
+                self.drop(key)
+
+    def drop(self, key: tuple[int, str]) -> None:
+        stack = self.stacks.pop(key)
+        for layer in stack.layers:
+            layer.count = 0
+
+    def live_layers(self) -> list[Layer]:
+        """Every layer on a live holder, per attribute bottom first."""
+        return [la for s in self.stacks.values() if s.ref() is not None for la in s.layers]
+
+    # -- taking users ------------------------------------------------------------------------
+
+    def take_all(self, work: Iterable[tuple[Patch, Any, str]], ledger: Ledger) -> int:
+        """Take a user of every ``(patch, holder, attr)`` for ``ledger``; all or nothing; how many installed."""
+        installed = 0
+        now = time.time()
+        try:
+            for patch, holder, attr in work:
+                installed += self.take(patch, holder, attr, ledger, now)
+        except BaseException:
+            self.release(ledger)
+            raise
+        return installed
+
+    def take(self, patch: Patch, holder: Any, attr: str, ledger: Ledger, now: float) -> int:
+        """Count a user of ``patch`` on ``holder.attr``, installing it if it is the first; 1 if installed."""
+        key = (identity(holder), attr)
+        stack = self.stacks.get(key)
+        if stack is None or stack.ref() is not holder:
+            if stack is not None:
+                self.drop(key)
+            # the death callback only records: it may run inside a locked section (gc); purge drops the stack
+            stack = self.stacks[key] = InstallStack(holder, attr, holder_kind(holder), self.dead.append)
+        elif stack.layers:
+            for layer in stack.layers:
+                if layer.patch is patch:
+                    layer.count += 1
+                    ledger.layers.append(layer)
+                    return 0
+            check_compatible(patch, stack)
+        self._install(patch, stack, holder, ledger, now)
+        return 1
+
+    def _install(self, patch: Patch, stack: InstallStack, holder: Any, ledger: Ledger, now: float) -> None:
+        original = stack.current()
+        below = self.foreign_top(stack.key, stack.layers, holder, original)
+        if below is not None and below[2].patch is not patch:  # the same patch stacks, as in one registry
+            check_compatible(patch, stack, below[2].patch, f" (in registry {below[0].name!r})")
+        wrapped = inherited_layer(stack, holder) if patch.kind == "wrap" and original is ABSENT else None
+        kind, attr = stack.kind, stack.attr
+        value = build(patch.replacement, patch.kind == "wrap", kind, holder, attr, original)
+        layer = Layer(patch, stack, value, now, original)
+        stack.layers.append(layer)  # recorded before the write: if the write raises after storing, a release restores
+        ledger.layers.append(layer)
+        try:
+            write(kind, holder, attr, value)
+        except (TypeError, AttributeError) as exc:
+            if stack.current() is original:  # nothing was stored: forget the layer
+                stack.layers.pop()
+                ledger.layers.pop()
+            msg = (
+                f"Cannot set {stack.label}.{attr} for patch {patch.name!r}: {exc}. Patch the code that uses it instead."
+            )
+            raise UnpatchableTargetError(msg, patch=patch, target=patch.target) from exc
+        stored = stack.current()
+        if stored is not value:  # a __setattr__ (a metaclass's, a module's) stored something else
+            put_back(kind, holder, attr, original, raw=True)
+            if stack.current() is original:
+                stack.layers.pop()
+                ledger.layers.pop()
+            msg = (
+                f"Cannot patch {stack.label}.{attr} (patch {patch.name!r}): setting it stored {stored!r} instead "
+                "of the replacement (a custom __setattr__), so patchreg could not tell its install from someone "
+                "else's or restore exactly. Nothing was changed; patch the code that uses it instead."
+            )
+            raise UnpatchableTargetError(msg, patch=patch, target=patch.target)
+        if below is not None:  # the other registry's layer is covered: its revert must wait for ours
+            depend(below[1], below[2], layer)
+        if wrapped is not None:  # the wrap calls that layer's install: its revert must wait for ours
+            depend(*wrapped, layer)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("patchreg: installed %s on %s.%s", patch.name, stack.label, attr)
+
+    def foreign_top(
+        self, key: tuple[int, str], layers: list[Layer], holder: Any, current: Any
+    ) -> tuple[Owner, InstallStack, Layer] | None:
+        """Another registry's live layer that installed ``current`` on this attribute (the topmost), if any.
+
+        ``layers``: this registry's on the attribute (``key``), bottom first.
+        """
+        if len(REGISTRIES) < 2:
+            return None
+        mine = layers[-1] if layers else None
+        found = top_owner(key, holder, current, skip=self)
+        if found is not None and mine is not None and mine.seq > found[2].seq and mine.owns(current):
+            return None  # our own layer is on top (two registries installed the very same object): it covers
+        return found
+
+    # -- releasing users ---------------------------------------------------------------------
+
+    def release(self, ledger: Ledger) -> int:
+        """Drop one user per layer of ``ledger`` (last taken first); all or nothing; how many restored."""
+        if ledger.released:
+            return 0
+        if ledger.waiting:
+            cancel(self, ledger.waiting)
+        taken = ledger.layers
+        todo = len(taken) - ledger.unwound
+        for i in range(todo):  # the common case, each layer alone on its stack with one user: checked here
+            layer = taken[i]
+            stack = layer.stack
+            if layer.count == 1 and len(stack.layers) == 1 and stack.dependents is None:
+                installed = layer.installed
+                if stack.kind == "instance" and type(installed) is Ref:  # layer.owns(stack.current()), inline
+                    holder, mine = stack.ref(), installed()
+                    if holder is not None and mine is not None and holder.__dict__.get(stack.attr, ABSENT) is mine:
+                        continue
+                elif layer.owns(stack.current()):
+                    continue
+            check_release(to_release(ledger))
+            break
+        restored = 0
+        debug = log.isEnabledFor(logging.DEBUG)
+        for i in range(todo - 1, -1, -1):  # last taken first
+            layer = taken[i]
+            if layer.count == 1:  # restore before forgetting: an interrupt loses nothing
+                stack = layer.stack
+                holder = stack.ref()
+                if holder is not None:
+                    if stack.kind == "instance" and layer.original is ABSENT and not debug:  # uninstall, inline
+                        holder.__dict__.pop(stack.attr, None)  # absent if someone else removed it: nothing to restore
+                        stack.layers.pop()
+                    else:
+                        uninstall(layer, debug)
+                    restored += 1
+                layer.count = 0
+            elif layer.count > 0:
+                layer.count -= 1
+            ledger.unwound += 1  # a retry after an interrupt releases only the rest
+        ledger.released = True
+        return restored
+
+    def release_everything(self) -> int:
+        """Restore every original this registry displaced (top layers first); all or nothing; how many."""
+        self.purge()
+        layers = sorted(self.live_layers(), key=_seq, reverse=True)  # a wrap goes before the layer it wraps
+        check_release([la for la in layers for _ in range(la.count)])
+        cancel(self, self.pending)
+        for layer in layers:
+            uninstall(layer)
+            layer.count = 0
+        return len(layers)
+
+    def record(self, ledger: Ledger) -> None:
+        """Note ``ledger`` in every live checkpoint (an apply made while one exists)."""
+        with LOCK:
+            live = []
+            for ref in self.checkpoints:
+                checkpoint = ref()
+                if checkpoint is not None:
+                    live.append(ref)
+                    ledgers = checkpoint.ledgers
+                    if len(ledgers) >= 64 and len(ledgers) & (len(ledgers) - 1) == 0:  # now and then: drop released
+                        ledgers[:] = [r for r in ledgers if not r.released]
+                    ledgers.append(ledger)
+            self.checkpoints[:] = live
+
+
+def _seq(layer: Layer) -> int:
+    return layer.seq
+
+
+def uninstall(layer: Layer, debug: bool = False) -> None:
+    """Put back what ``layer`` displaced (checked releasable before) and pop it off its stack."""
+    stack = layer.stack
+    holder = stack.ref()
+    original = layer.displaced()
+    if original is GONE:  # releasable() said current is ours, which keeps the original alive: cannot happen
+        msg = f"patchreg lost the original of {stack.label}.{stack.attr} (patch {layer.patch.name!r})."
+        raise PatchOwnershipError(msg, patch=layer.patch, target=layer.patch.target)
+    if stack.current() is not original:  # already there (put back by someone, or a write that raised): no write
+        put_back(stack.kind, holder, stack.attr, original)
+        if stack.current() is not original:  # a __setattr__ (a metaclass's, a module's) stored something else
+            put_back(stack.kind, holder, stack.attr, original, raw=True)
+    stack.layers.pop()  # after the restore: an interrupt loses nothing
+    layer.original = None
+    if debug:
+        log.debug("patchreg: restored %s.%s (%s)", stack.label, stack.attr, layer.patch.name)
+
+
+def cancel(installs: Installs, pendings: Iterable[Pending]) -> None:
+    """Cancel the lazy patches among ``pendings`` that still wait (under the lock)."""
+    for pending in list(pendings):
+        if pending.state == "pending":
+            pending.state = "cancelled"
+            installs.pending.remove(pending)
+
+
+def originals(patch: Patch) -> list[tuple[Any, Any]]:
+    """``(holder, original)`` of every live install of ``patch`` in any registry, oldest first."""
+    found: list[tuple[int, Any, Any]] = []
+    with LOCK:
+        for registry in list(REGISTRIES):
+            for stack in registry._installs.stacks.values():
+                holder = stack.ref()
+                if holder is not None:
+                    found.extend((la.seq, holder, la.displaced()) for la in stack.layers if la.patch is patch)
+    found.sort(key=lambda item: item[0])
+    return [(holder, original) for _seq, holder, original in found]
+
+
+def top_owner(
+    key: tuple[int, str], holder: Any, current: Any, skip: Installs | None = None
+) -> tuple[Owner, InstallStack, Layer] | None:
+    """The topmost live layer, of any registry but ``skip``'s, that installed ``current`` on ``holder``'s attribute."""
+    found: tuple[Owner, InstallStack, Layer] | None = None
+    for registry in list(REGISTRIES):
+        installs = registry._installs
+        if installs is skip:
+            continue
+        other = installs.stacks.get(key)
+        if other is None or not other.layers or other.ref() is not holder:
+            continue
+        top = other.layers[-1]
+        if top.count > 0 and top.owns(current) and (found is None or top.seq > found[2].seq):
+            found = (registry, other, top)
+    return found
+
+
+def inherited_layer(stack: InstallStack, holder: Any) -> tuple[InstallStack, Layer] | None:
+    """The live layer (any registry's) that installed the class attribute ``holder.attr`` inherits, if any."""
+    if stack.kind == "module":
+        return None
+    mro = holder.__mro__[1:] if stack.kind == "class" else type(holder).__mro__
+    for klass in mro:
+        view = vars(klass)
+        if stack.attr in view:
+            raw, key = view[stack.attr], (identity(klass), stack.attr)
+            break
+    else:
+        return None
+    found = top_owner(key, klass, raw)
+    return None if found is None else (found[1], found[2])
+
+
+def depend(stack: InstallStack, layer: Layer, upper: Layer) -> None:
+    """Note that ``upper`` depends on ``layer`` (of ``stack``): releasing ``layer`` waits for it."""
+    if stack.dependents is None:
+        stack.dependents = {}
+    uppers = stack.dependents.setdefault(layer, [])
+    uppers[:] = [u for u in uppers if u.count > 0 and u.stack.ref() is not None]  # forget those gone
+    uppers.append(upper)
