@@ -13,7 +13,9 @@ __all__ = ["apply", "patched", "registry", "revert"]
 registry = Registry("default")
 
 
-def apply(target: Target, obj: Any = None, *, strict: bool = False, warn: bool = False, lazy: bool = False) -> Report:
+def apply(
+    target: Target, obj: Any = None, *, strict: bool = False, warn: bool | None = None, lazy: bool = False
+) -> Report:
     """``registry.apply`` on the default registry."""
     return registry.apply(target, obj, strict=strict, warn=warn, lazy=lazy)
 

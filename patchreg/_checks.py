@@ -198,6 +198,30 @@ def needed(patch: Patch) -> bool:
     return answer.ok or answer.needed
 
 
+#: The patches whose missing target was logged in this process: ``(name, target)``.
+_NOT_FOUND_LOGGED: set[tuple[str, str]] = set()
+
+
+def warn_not_found(patch: Patch, reason: str) -> None:
+    """Log, once per patch and process, that ``patch`` was skipped because its target was not found.
+
+    A predicate saying no, or *not needed here*, is a decision and stays quiet; a missing target is
+    usually a typo or an upstream change. ``apply(..., warn=False)`` is for sets that expect it (a
+    pipeline stage without the layers a patch targets); ``strict=True`` makes it an error.
+    """
+    key = (patch.name, str(patch.where))
+    if key in _NOT_FOUND_LOGGED:
+        return
+    _NOT_FOUND_LOGGED.add(key)
+    log.warning(
+        "patchreg: patch %r skipped, its target %r was not found: %s. Check the target (or pass warn=False where "
+        "its absence is expected; strict=True makes it an error). Logged once per patch and process.",
+        patch.name,
+        str(patch.where),
+        reason,
+    )
+
+
 def report_skips(name: str, skipped: list[tuple[str, str]], strict: bool, patches: Iterable[Patch]) -> None:
     """Warn about (``strict``: refuse) the skips that matter: not those a predicate marks *not needed* here."""
     by_name = {p.name: p for p in patches}

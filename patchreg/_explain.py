@@ -13,16 +13,16 @@ from typing import Any
 import attrs
 
 from patchreg._checks import check_compatible, check_patchable
-from patchreg._format import table
+from patchreg._format import WIDTH, table
 from patchreg._lazy import awaited
 from patchreg._namespace import label, own_value
 from patchreg._predicates import distributions, provider
 from patchreg._records import Installed, Patch, entry
 from patchreg._store import LOCK, Installs, Owner
-from patchreg._targets import Miss, Site, identity
+from patchreg._targets import Miss, Selector, Site, identity
 from patchreg.exceptions import PatchConflictError, UnpatchableTargetError
 
-__all__ = ["Explanation", "active", "explain", "fingerprint_lines", "summary"]
+__all__ = ["Explanation", "active", "explain", "fingerprint_lines", "name_stacks", "summary"]
 
 
 @attrs.frozen
@@ -33,7 +33,8 @@ class Explanation:
     rows: tuple[tuple[str, str, str, str], ...]  # patch, holder, would, reason
 
     def __str__(self) -> str:
-        return f"explain {self.name!r}:\n" + table(("patch", "holder", "would", "why"), self.rows)
+        """The rows as a table no wider than 100 columns (long cells wrap: nothing is cut)."""
+        return f"explain {self.name!r}:\n" + table(("patch", "holder", "would", "why"), self.rows, width=WIDTH)
 
 
 def explain(installs: Installs, name: str, patches: tuple[Patch, ...], obj: Any) -> Explanation:
@@ -61,7 +62,44 @@ def _explain_one(installs: Installs, patch: Patch, obj: Any) -> list[tuple[str, 
         return [(patch.name, "-", "error", str(exc))]
     if isinstance(found, Miss):
         return [(patch.name, "-", "skip", found.reason)]
-    return [(patch.name, label(hit.holder) + "." + hit.attr, *_would_do(installs, patch, hit)) for hit in found]
+    paths = _paths(patch.where, obj)
+    return [
+        (
+            patch.name,
+            f"{paths.get(identity(hit.holder)) or label(hit.holder)}.{hit.attr}",
+            *_would_do(installs, patch, hit),
+        )
+        for hit in found
+    ]
+
+
+def _paths(where: object, obj: Any) -> dict[int, str]:
+    """The paths a selector's holders have from ``obj`` (by identity); none for an import path or a failed walk."""
+    if not isinstance(where, Selector) or obj is None:
+        return {}
+    try:
+        return where.paths(obj)
+    except Exception:  # user objects on the way (a property) may raise anything: the label falls back to the type
+        return {}
+
+
+def name_stacks(installs: Installs, obj: Any) -> None:
+    """Name the instance stacks created since the last call by their holder's path from ``obj`` (outside the lock).
+
+    A stack keeps the name of the apply that created it: ``model.mtp.layers[0]``, ``chunks[1].module``.
+    """
+    with LOCK:
+        stacks, installs.unnamed = installs.unnamed, []
+    found: dict[int, dict[int, str]] = {}
+    for stack in stacks:
+        holder = stack.ref()
+        if holder is None or not stack.layers:
+            continue
+        where = stack.layers[0].patch.where
+        paths = found.get(id(where))
+        if paths is None:
+            paths = found[id(where)] = _paths(where, obj)
+        stack.path = paths.get(identity(holder))
 
 
 def _would_do(installs: Installs, patch: Patch, hit: Site) -> tuple[str, str]:
@@ -104,19 +142,21 @@ def active(installs: Installs) -> tuple[Installed, ...]:
 
 
 def summary(owner: Owner) -> str:
-    """A table of active installs: patch, target, holder, count, state, since."""
+    """A table of active installs, no wider than 100 columns: patch, holder (and attribute), count, state, since.
+
+    The holder reads as a path from the object the installing apply was given (``model.mtp.layers[0]``)
+    or a dotted name; each install's target string is in :meth:`Registry.active`'s records.
+    """
     now = time.time()
     entries = active(owner._installs)
-    rows = [
-        (e.patch, e.target, f"{e.holder}.{e.attr}", str(e.count), e.state, f"{now - e.since:.1f}s ago") for e in entries
-    ]
+    rows = [(e.patch, f"{e.holder}.{e.attr}", str(e.count), e.state, f"{now - e.since:.1f}s ago") for e in entries]
     if not rows:
         return f"registry {owner.name!r}: nothing active"
     pending = sum(1 for e in entries if e.state == "pending")
     counts = f"{len(rows) - pending} active install(s)" + (f", {pending} pending (lazy)" if pending else "")
-    return f"registry {owner.name!r}: {counts}\n" + table(
-        ("patch", "target", "holder", "count", "state", "since"), rows
-    )
+    keep = min(max(len(r[0]) for r in rows), 30)  # patch names stay whole; the holder wraps at its dots
+    headers = ("patch", "holder", "count", "state", "since")
+    return f"registry {owner.name!r}: {counts}\n" + table(headers, rows, width=WIDTH, floors=(keep, 0, 0, 0, 0))
 
 
 def fingerprint(installs: Installs) -> str:
@@ -125,18 +165,28 @@ def fingerprint(installs: Installs) -> str:
 
 
 def fingerprint_lines(installs: Installs) -> list[str]:
-    """What the fingerprint digests, sorted: installs (no ids or times), predicate answers, versions."""
-    lines = [
-        f"install {e.patch}|{e.target}|{e.kind}|{e.holder.split('@')[0]}.{e.attr}|{e.state}" for e in active(installs)
-    ]
+    """What the fingerprint digests, sorted: installs (no ids, paths or times), predicate answers, versions."""
     with LOCK:
-        patches = {la.patch for la in installs.live_layers()}
+        installs.purge()
+        layers = installs.live_layers()
+        lines = [_install_line(entry(la), _kind_of(la.stack.ref())) for la in layers]
+        lines += [_install_line(e, e.holder) for e in (p.entry() for p in installs.pending)]
+        patches = {la.patch for la in layers}
     facts: set[str] = set()
     for patch in patches:
         answer = patch.when.evaluate()
         facts.add(f"answer {patch.name}|{patch.when.describe()}|{answer.ok}|{answer.reason}")
         facts.update(f"version {name}=={_version(name)}" for name in distributions(patch.when))
     return sorted(lines) + sorted(facts)
+
+
+def _install_line(e: Installed, holder: str) -> str:
+    return f"install {e.patch}|{e.target}|{e.kind}|{holder}.{e.attr}|{e.state}"
+
+
+def _kind_of(holder: Any) -> str:
+    """A holder as the fingerprint names it: a module or class by name, an instance by its type (not its path)."""
+    return "<dead object>" if holder is None else label(holder).split("@")[0]
 
 
 def _version(name: str) -> str:

@@ -40,7 +40,7 @@ class Pending:
         patch = self.patch
         *owner, attr = patch.where.parts  # type: ignore[union-attr]
         holder = ".".join((self.module, *owner))  # as an install's holder reads: module, then qualname
-        return Installed(patch.name, str(patch.where), holder, attr, patch.kind, 0, self.since, "pending")
+        return Installed(patch.name, str(patch.where), holder, attr, patch.kind, 0, self.since, "pending", holder)
 
 
 def awaited(module: str) -> bool:

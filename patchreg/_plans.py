@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from patchreg._checks import check_patchable, name_patch, report_skips
+from patchreg._checks import check_patchable, name_patch, report_skips, warn_not_found
 from patchreg._namespace import ABSENT, bind_like, label
 from patchreg._predicates import on_refresh
 from patchreg._records import Patch, PatchSet
@@ -187,7 +187,7 @@ class Plan:
             return len(refs) == len(obj) + 1 and all(r() is c for r, c in zip(refs[1:], obj, strict=True))
         return obj is None and len(refs) == 1
 
-    def work(self, obj: Any) -> tuple[list[Work], list[tuple[str, str]]] | None:
+    def work(self, obj: Any, warn: bool | None = None) -> tuple[list[Work], list[tuple[str, str]]] | None:
         """The work and skips of an apply now, or None when the plan is stale (resolve again)."""
         if self.gen != generation[0] or not self.holds():
             return None
@@ -200,6 +200,8 @@ class Plan:
                 found = resolve(patch, obj)
                 if isinstance(found, str):
                     skipped.append((patch.name, found))
+                    if warn is None:
+                        warn_not_found(patch, found)
                 else:
                     work.extend((patch, holder, attr) for holder, attr in found)
             else:
@@ -263,7 +265,7 @@ def _bind_mode(patch: Patch, stack: InstallStack, holder: Any) -> int:
     return 0
 
 
-def apply_planned(owner: Owner, installs: Installs, plan: Plan, strict: bool, warn: bool) -> Ledger | None:
+def apply_planned(owner: Owner, installs: Installs, plan: Plan, strict: bool, warn: bool | None) -> Ledger | None:
     """Apply a plan whose every patch is planned; None when it turns out stale (nothing changed)."""
     if plan.gen != generation[0] or not plan.holds():
         return None
@@ -316,11 +318,12 @@ def apply_planned(owner: Owner, installs: Installs, plan: Plan, strict: bool, wa
 
 
 def resolve_all(
-    patches: tuple[Patch, ...], obj: Any, traces: list[Trace] | None = None
+    patches: tuple[Patch, ...], obj: Any, traces: list[Trace] | None = None, warn: bool | None = None
 ) -> tuple[list[Work], list[tuple[str, str]]]:
     """Evaluate predicates and resolve targets, outside the lock; changes nothing.
 
-    With ``traces``, also appends what a :class:`Plan` needs per patch.
+    With ``traces``, also appends what a :class:`Plan` needs per patch. With ``warn=None`` (an
+    apply's default), a target not found is logged once per patch and process (:func:`warn_not_found`).
     """
     work: list[Work] = []
     skipped = []
@@ -338,6 +341,8 @@ def resolve_all(
             continue
         if isinstance(found, str):
             skipped.append((patch.name, found))
+            if warn is None:
+                warn_not_found(patch, found)
             if traces is not None:
                 traces.append((patch, None, None))
             continue

@@ -229,7 +229,12 @@ class PatchSet:
 
 @attrs.frozen
 class Installed:
-    """A copy of one active install: which patch, on what, how many users, since when."""
+    """A copy of one active install: which patch, on what, how many users, since when.
+
+    ``holder`` names an instance by its path from the object the installing apply was given
+    (``model``, ``model.mtp.layers[0]``, ``chunks[1].module``), a class or module by its dotted name;
+    ``address`` tells two holders apart (``Type@0x7f...`` for an instance, the dotted name otherwise).
+    """
 
     patch: str
     target: str
@@ -239,6 +244,7 @@ class Installed:
     count: int
     since: float
     state: str = "active"
+    address: str = ""
 
 
 def entry(layer: Layer, state: str | None = None) -> Installed:
@@ -259,6 +265,7 @@ def entry(layer: Layer, state: str | None = None) -> Installed:
         count=count,
         since=layer.since,
         state=state,
+        address=site.address,
     )
 
 

@@ -49,9 +49,14 @@ class Registry:
     # -- applying -------------------------------------------------------------------------
 
     def apply(
-        self, target: Target, obj: Any = None, *, strict: bool = False, warn: bool = False, lazy: bool = False
+        self, target: Target, obj: Any = None, *, strict: bool = False, warn: bool | None = None, lazy: bool = False
     ) -> Report:
         """Install every patch of ``target`` whose predicate holds; return a :class:`Report`.
+
+        A patch whose target is not found is skipped with the reason, and (``warn=None``, the default)
+        logged as a warning once per patch and process; ``warn=True`` logs every skip that matters at
+        every apply, ``warn=False`` none, ``strict=True`` raises instead. A predicate saying no (or *not
+        needed here*) is a decision, not a surprise: it is only in the report.
 
         With ``lazy=True``, an import-path patch whose module is not imported yet is installed
         by a post-import hook when it is (its predicate evaluated then); reverting first cancels it.
@@ -72,7 +77,7 @@ class Registry:
                 if plan.flat is not None:
                     ledger = apply_planned(self, installs, plan, strict, warn)
                 else:
-                    found = plan.work(obj)
+                    found = plan.work(obj, warn)
                     ledger = (
                         None
                         if found is None
@@ -82,12 +87,15 @@ class Registry:
                     self._last = plan
                     if installs.checkpoints:
                         installs.record(ledger)
+                    if installs.unnamed:
+                        _explain.name_stacks(installs, obj)
                     return Report(ledger)
         name, patches = patches_of(target)
         waiting = [p for p in patches if p.is_global and p.where.module not in sys.modules] if lazy else []  # type: ignore[union-attr]
         traces: list[Trace] | None = [] if not lazy and self._again(key, target, obj) else None
         gen = generation[0]
-        work, skipped = resolve_all(tuple(p for p in patches if p not in waiting) if waiting else patches, obj, traces)
+        todo = tuple(p for p in patches if p not in waiting) if waiting else patches
+        work, skipped = resolve_all(todo, obj, traces, warn)
         ledger = self._apply_work(name, work, skipped, strict, warn, waiting, patches)
         if traces is not None and not ledger.waiting:
             with LOCK:
@@ -95,6 +103,8 @@ class Registry:
         _lazy.register_hooks(installs, ledger)
         if installs.checkpoints:
             installs.record(ledger)
+        if installs.unnamed:
+            _explain.name_stacks(installs, obj)
         return Report(ledger)
 
     def _again(self, key: tuple[int, ...] | None, target: object, obj: Any) -> bool:
@@ -119,7 +129,7 @@ class Registry:
         work: list[Work],
         skipped: list[tuple[str, str]],
         strict: bool,
-        warn: bool,
+        warn: bool | None,
         waiting: list[Patch] | None = None,
         patches: Iterable[Patch] = (),
     ) -> Ledger:

@@ -149,12 +149,14 @@ def weak_or_id(installed: Any) -> Any:
 class InstallStack:
     """One attribute on one holder (held weakly), and one registry's layers on it (bottom first)."""
 
-    __slots__ = ("attr", "dependents", "key", "kind", "layers", "ref")
+    __slots__ = ("attr", "dependents", "key", "kind", "layers", "path", "ref")
 
     def __init__(self, holder: Any, attr: str, kind: str, on_death: Callable[[Any], None]) -> None:
         self.ref = weakref.ref(holder, on_death)
         self.attr = attr
         self.kind = kind
+        #: an instance's path from the object its first apply was given (``model.mtp.layers[0]``), once named
+        self.path: str | None = None
         self.key = (identity(holder), attr)
         self.layers: list[Layer] = []
         #: our layers that others depend on: {our layer: the layers over it}; None when there are none. Over it:
@@ -164,6 +166,15 @@ class InstallStack:
 
     @property
     def label(self) -> str:
+        """How reports and messages name the holder: its path from the object passed, else :func:`label`."""
+        if self.path is not None:
+            return self.path
+        holder = self.ref()
+        return "<dead object>" if holder is None else label(holder)
+
+    @property
+    def address(self) -> str:
+        """The holder's type and address (an instance) or dotted name: tells two holders apart."""
         holder = self.ref()
         return "<dead object>" if holder is None else label(holder)
 
@@ -209,11 +220,12 @@ class Installs:
     Stacks stay while their holder lives (weakly), so re-applying is cheap.
     """
 
-    __slots__ = ("checkpoints", "dead", "owner", "pending", "stacks")
+    __slots__ = ("checkpoints", "dead", "owner", "pending", "stacks", "unnamed")
 
     def __init__(self, owner: Owner) -> None:
         self.owner = weakref.ref(owner)
         self.stacks: dict[tuple[int, str], InstallStack] = {}
+        self.unnamed: list[InstallStack] = []  # new instance stacks, named by path after the apply (outside the lock)
         self.dead: list[Any] = []  # holders' death notices, purged under the lock
         self.pending: list[Pending] = []
         self.checkpoints: list[weakref.ref[Checkpoint]] = []  # live checkpoints record every apply
@@ -256,6 +268,8 @@ class Installs:
                 self.drop(key)
             # the death callback only records: it may run inside a locked section (gc); purge drops the stack
             stack = self.stacks[key] = InstallStack(holder, attr, holder_kind(holder), self.dead.append)
+            if stack.kind == "instance":
+                self.unnamed.append(stack)
         elif stack.layers:
             for layer in stack.layers:
                 if layer.patch is patch:

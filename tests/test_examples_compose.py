@@ -25,7 +25,9 @@ def test_compose_example_applies_three_sets_and_restores_everything() -> None:
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
-    assert "refused: Patch 'rival-postprocess' replaces GPTModel@" in out
+    assert "refused: Patch 'rival-postprocess' replaces model._postprocess" in out
+    assert "@0x" not in out  # holders read by path: model, model.decoder
+    assert all(len(line) <= 100 for line in out.split("after the ExitStack:")[0].splitlines()[5:])  # the summary
     assert "but patch 'postprocess' also replaces" in out
     for name in ("rng_tracker_fork", "postprocess", "log-postprocess", "count-decoder"):
         assert any(line.split()[:1] == [name] for line in out.splitlines()), name

@@ -258,7 +258,7 @@ class RegistryMachine(RuleBasedStateMachine):
     def registry_matches_model(self) -> None:
         seen: Model = {}
         for entry in self.reg.active():
-            owner = entry.holder.split("@")[0].rsplit(".", 1)[-1]
+            owner = entry.address.split("@")[0].rsplit(".", 1)[-1]
             seen.setdefault(f"{owner}.{entry.attr}", []).append([entry.patch, entry.count])
         assert seen == self.model
 
@@ -544,7 +544,7 @@ class TwoRegistryMachine(LayerModel):
         return [targets, targets.Base, targets.Child, targets.Leaf, self.leaf]
 
     def _site_of(self, entry: Installed) -> str:
-        return f"{entry.holder.split('@')[0].rsplit('.', 1)[-1]}.{entry.attr}"
+        return f"{entry.address.split('@')[0].rsplit('.', 1)[-1]}.{entry.attr}"
 
     # -- rules --------------------------------------------------------------------------------
 
@@ -826,7 +826,7 @@ class InheritedMachine(LayerModel):
 
     def _site_of(self, entry: Installed) -> str:
         names = {f"Sub@{id(inst):#x}": site for site, inst in self.insts.items()}
-        return names.get(entry.holder, entry.holder.rsplit(".", 1)[-1])
+        return names.get(entry.address, entry.address.rsplit(".", 1)[-1])
 
     def _held(self, site: str) -> bool:
         return any(block.obj is self.insts[site] for block, _claim in self.blocks)
