@@ -129,8 +129,9 @@ def _refusal(chain: list[Any], index: int | None) -> UnsupportedModelError:
     else:
         why = f"{innermost} is not a model mtp_patched can patch"
     msg = (
-        f"mtp_patched cannot patch {where}{path}: {why}. It needs {_SUPPORTED}. Pass the model your training "
-        "step calls; for a wrapper that keeps the model under another attribute, pass the model itself."
+        f"mtp_patched cannot patch {where}{path}: {why}. It supports {_SUPPORTED}. If the model sits under "
+        "another attribute of a wrapper, pass the inner model (or unwrap it first); if it is a model class with "
+        f"MTP that mtp_patched does not know yet, report it (class {innermost}, megatron-core {mcore_version()})."
     )
     if index is not None:
         msg += " A chunk list is patched whole or not at all: nothing was patched."

@@ -29,7 +29,15 @@ from patches.megatron._hybrid import (
 )
 from patches.megatron._layers import checkpointed_forward, get_embeddings_detached
 from patches.megatron._loss import last_losses
-from patches.megatron._models import GPT_FAMILY, HYBRID, MAMBA, known_family, language_models, model_family
+from patches.megatron._models import (
+    GPT_FAMILY,
+    HYBRID,
+    HYBRID_FAMILY,
+    MAMBA,
+    known_family,
+    language_models,
+    model_family,
+)
 from patches.megatron._postprocess import postprocess, postprocess_detached
 from patches.megatron._verified import CHECKPOINTED_FORWARD_BODY, GET_EMBEDDINGS_BODY, POSTPROCESS_BODY
 from patches.megatron.errors import MTPConflictError
@@ -212,7 +220,7 @@ HYBRID_MTP_DETACH_SET = PatchSet(
 )  # fmt: skip
 
 _SETS = {(GPT_FAMILY, False): MTP_SET, (GPT_FAMILY, True): MTP_DETACH_SET}
-_SETS.update({("hybrid", False): HYBRID_MTP_SET, ("hybrid", True): HYBRID_MTP_DETACH_SET})
+_SETS.update({(HYBRID_FAMILY, False): HYBRID_MTP_SET, (HYBRID_FAMILY, True): HYBRID_MTP_DETACH_SET})
 
 
 _BY_TYPE: dict[bool, dict[type, PatchSet]] = {False: {}, True: {}}  # detach_encoder -> bare model class -> set
