@@ -84,3 +84,13 @@ def test_default_causal_mask_is_the_upper_triangle_on_the_cpu() -> None:
     mask = fused_softmax.get_default_causal_mask(4)
     assert mask.device.type == "cpu" and mask.dtype == torch.bool
     assert torch.equal(mask, torch.ones(4, 4).triu(1).bool())
+
+
+def test_shims_that_reimplement_upstream_read_its_body_as_verified(cpu: Any) -> None:
+    """While installed, a shim's drift check reads the upstream body it displaced: verified on every release."""
+    declared = {p.name for p in CPU_SET if p.verified is not None}
+    assert {"moe_router_on_cpu", "causal_mask_on_cpu"} <= declared
+    drift = dict(cpu.drift)
+    assert {"moe_router_on_cpu", "causal_mask_on_cpu"} <= drift.keys()
+    for name, found in drift.items():
+        assert found.ok, f"{name}: {found.text}"
