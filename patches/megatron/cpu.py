@@ -226,6 +226,13 @@ def _rope_forward(self: Any, max_seq_len: int, offset: int = 0, packed_seq: bool
     return emb
 
 
+def _no_get_emb() -> tuple[bool, str]:
+    """Whether ``RotaryEmbedding`` lacks ``get_emb`` (0.13-0.15: ``forward`` moves to CUDA inline, rope_forward_on_cpu)."""
+    if has(f"{_ROTARY}.get_emb").evaluate().ok:
+        return False, "RotaryEmbedding.get_emb moves inv_freq to CUDA (0.16+)"
+    return True, "RotaryEmbedding has no get_emb before 0.16; forward moves inv_freq itself (rope_forward_on_cpu)"
+
+
 def _rope_on_cpu_init(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Build the RoPE frequencies on the CPU (MLA constructs its RotaryEmbedding without use_cpu_initialization)."""
     bound = inspect.signature(wrapped).bind(*args, **kwargs)
@@ -318,7 +325,8 @@ CPU_SET = PatchSet(
         Patch("rope_init_on_cpu", f"{_ROTARY}.__init__", _rope_on_cpu_init, kind="wrap",
               when=accepts(f"{_ROTARY}.__init__", "use_cpu_initialization")),
         Patch("rope_on_cpu", f"{_ROTARY}.get_emb", _rope_emb,
-              when=has(f"{_ROTARY}.get_emb") & accepts(f"{_ROTARY}.get_emb", "max_seq_len", "offset"),
+              when=not_needed_when(check(_no_get_emb, "RotaryEmbedding has no get_emb"))
+              & accepts(f"{_ROTARY}.get_emb", "max_seq_len", "offset"),
               verified=_GET_EMB_BODY),
         Patch("rope_forward_on_cpu", f"{_ROTARY}.forward", _rope_forward,
               when=not_needed_when(has(f"{_ROTARY}.get_emb"))
