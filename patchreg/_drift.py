@@ -150,15 +150,31 @@ class Drift:
         return self.state == "verified"
 
 
-def drift(verified: Verified) -> Drift:
-    """Compare the installed body of ``verified.path`` with the fingerprints it was verified against."""
+def _upstream(verified: Verified, patch: Any) -> Any:
+    """The upstream object at ``verified.path``; where ``patch``'s own replacement is installed, what it displaced."""
+    found = resolve(verified.path)
+    if patch is not None and found is patch.replacement:
+        module, _, qualname = verified.path.partition(":")
+        parent = qualname.rpartition(".")[0]
+        holder = resolve(f"{module}:{parent}") if parent else importlib.import_module(module)
+        original = patch.backup.get(holder)
+        found = original if original is not None else found
+    return found  # a wrap's FunctionWrapper: body_fingerprint follows its __wrapped__
+
+
+def drift(verified: Verified, patch: Any = None) -> Drift:
+    """Compare the installed body of ``verified.path`` with the fingerprints it was verified against.
+
+    ``patch``: the Patch declaring it, so that while it is installed on that very path the body it
+    displaced is read (what a Report asks).
+    """
     try:
         version = importlib.metadata.version(verified.distribution)
     except importlib.metadata.PackageNotFoundError:
         version = "not installed"
     where = f"{verified.path.partition(':')[2]}, {verified.distribution} {version}"
     try:
-        found = body_fingerprint(resolve(verified.path))
+        found = body_fingerprint(_upstream(verified, patch))
     except Exception as exc:  # absent, or no source to read: nothing to compare, say so
         return Drift("unreadable", f"cannot read the upstream body of {where} ({type(exc).__name__}: {exc}): review")
     same = [spec for spec, digest in verified.bodies.items() if digest == found]

@@ -363,7 +363,7 @@ class Report:
         for layer in self._ledger.layers:
             patch = layer.patch
             if patch.verified is not None and patch.name not in seen:
-                seen[patch.name] = drift(patch.verified)
+                seen[patch.name] = drift(patch.verified, patch)
         return tuple(seen.items())
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import patchreg
 from patches.megatron._compat import MTP, RANDOM, module, parameters, upstream
-from patchreg import Patch, PatchSet, accepts, check, has, not_needed_when, requires
+from patchreg import Patch, PatchSet, Verified, accepts, check, has, not_needed_when, requires
 
 __all__ = ["CPU_SET", "cpu_patched"]
 
@@ -42,6 +42,22 @@ _MLA_MODULE = "megatron.core.transformer.multi_latent_attention"
 _DPA = "megatron.core.transformer.dot_product_attention:DotProductAttention"
 _ROPE = "megatron.core.models.common.embeddings.rotary_pos_embedding"
 _ROTARY = f"{_ROPE}:RotaryEmbedding"
+_TO = "<=0.19.2"  # the newest release these bodies were verified on
+
+
+def _body(path: str, bodies: dict[str, str]) -> Verified:
+    """The upstream body a shim re-implements, per release range (``python -m patchreg body PATH``)."""
+    return Verified("megatron-core", path, bodies)
+
+
+_GATING_BODY = _body(
+    f"{_ROUTER}:Router.gating", {">=0.13,<0.15": "02301c8e477da4bd", f">=0.15,{_TO}": "539c2e6066a2d2f3"}
+)
+_GET_EMB_BODY = _body(f"{_ROTARY}.get_emb", {f">=0.16,{_TO}": "0f35c4637d3fa5a4"})
+_ROPE_FORWARD_BODY = _body(f"{_ROTARY}.forward", {">=0.13,<0.16": "fa063a9363130b43"})
+_CAUSAL_MASK_BODY = _body(
+    f"{_SOFTMAX}:get_default_causal_mask", {">=0.13,<0.16": "f654b91be8fa0b97", f">=0.16,{_TO}": "a6d8867dadf67846"}
+)
 
 
 def _get_tensor(self: Any, tensor_shape: Any, dtype: Any, name: Any, *args: Any, **kwargs: Any) -> Any:
@@ -212,6 +228,13 @@ def _rope_forward(self: Any, max_seq_len: int, offset: int = 0, packed_seq: bool
     return emb
 
 
+def _no_get_emb() -> tuple[bool, str]:
+    """Whether ``RotaryEmbedding`` lacks ``get_emb`` (0.13-0.15: ``forward`` moves to CUDA inline, rope_forward_on_cpu)."""
+    if has(f"{_ROTARY}.get_emb").evaluate().ok:
+        return False, "RotaryEmbedding.get_emb moves inv_freq to CUDA (0.16+)"
+    return True, "RotaryEmbedding has no get_emb before 0.16; forward moves inv_freq itself (rope_forward_on_cpu)"
+
+
 def _rope_on_cpu_init(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Build the RoPE frequencies on the CPU (MLA constructs its RotaryEmbedding without use_cpu_initialization)."""
     bound = inspect.signature(wrapped).bind(*args, **kwargs)
@@ -341,9 +364,9 @@ CPU_SET = PatchSet(
         Patch("tp_gather_on_cpu", f"{_MAPPINGS}:_gather_along_last_dim", _gather_along_last_dim,
               when=has(f"{_MAPPINGS}:_gather_along_last_dim")),
         Patch("causal_mask_on_cpu", f"{_SOFTMAX}:get_default_causal_mask", _default_causal_mask,
-              when=has(f"{_SOFTMAX}:get_default_causal_mask")),
+              when=has(f"{_SOFTMAX}:get_default_causal_mask"), verified=_CAUSAL_MASK_BODY),
         Patch("moe_router_on_cpu", f"{_ROUTER}:Router.gating", _router_gating,
-              when=has(f"{_ROUTER}:Router.gating") & has(f"{_ROUTER}:router_gating_linear")),
+              when=has(f"{_ROUTER}:Router.gating") & has(f"{_ROUTER}:router_gating_linear"), verified=_GATING_BODY),
         Patch("mla_no_te_linear", f"{_MLA_MODULE}:TELinear", _NoTELinear,
               when=not_needed_when(check(_te_linear_is_type, "MLA's TELinear is a class or None"))
               & has(f"{_MLA_MODULE}:TELinear")),
@@ -354,10 +377,12 @@ CPU_SET = PatchSet(
         Patch("rope_init_on_cpu", f"{_ROTARY}.__init__", _rope_on_cpu_init, kind="wrap",
               when=accepts(f"{_ROTARY}.__init__", "use_cpu_initialization")),
         Patch("rope_on_cpu", f"{_ROTARY}.get_emb", _rope_emb,
-              when=has(f"{_ROTARY}.get_emb") & accepts(f"{_ROTARY}.get_emb", "max_seq_len", "offset")),
+              when=not_needed_when(check(_no_get_emb, "RotaryEmbedding has no get_emb"))
+              & accepts(f"{_ROTARY}.get_emb", "max_seq_len", "offset"),
+              verified=_GET_EMB_BODY),
         Patch("rope_forward_on_cpu", f"{_ROTARY}.forward", _rope_forward,
               when=not_needed_when(has(f"{_ROTARY}.get_emb"))
-              & accepts(f"{_ROTARY}.forward", "max_seq_len", "offset", "packed_seq")),
+              & accepts(f"{_ROTARY}.forward", "max_seq_len", "offset", "packed_seq"), verified=_ROPE_FORWARD_BODY),
         Patch("mtp_tracker_device", f"{_HELPER}.save_loss_to_tracker", _seed_tracker(("values",)), kind="wrap",
               when=not_needed_when(check(_loss_tracker_not_needed, "save_loss_to_tracker needs no CPU shim"))
               & has(f"{_HELPER}.save_loss_to_tracker")),

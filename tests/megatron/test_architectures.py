@@ -55,8 +55,8 @@ def _arch(name: str) -> Arch:
 
 
 def _tolerance(arch: Arch) -> float:
-    """Relative tolerance against the reference: fp32 1e-5; bf16 (the reference's cross-entropy in bf16) 5e-2."""
-    return 5e-2 if arch.bf16 else 1e-5
+    """Relative tolerance against the reference: fp32 1e-5; bf16 2e-2 (measured 9.2e-3: the reference's CE is in bf16)."""
+    return 2e-2 if arch.bf16 else 1e-5
 
 
 def _without_recompute(arch: Arch) -> dict[str, Any]:

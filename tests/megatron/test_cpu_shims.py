@@ -63,7 +63,7 @@ def test_each_architecture_shim_is_installed_or_says_why(cpu: Any) -> None:
     assert set(ARCH_SHIMS) <= names
     skipped = dict(cpu.skipped)
     has_get_emb = hasattr(RotaryEmbedding, "get_emb")
-    assert ("rope_on_cpu" in skipped) is not has_get_emb
+    assert ("not needed here" in skipped.get("rope_on_cpu", "")) is not has_get_emb
     assert ("not needed here" in skipped.get("rope_forward_on_cpu", "")) is has_get_emb
     shim = next(p for p in CPU_SET if p.name == "mla_no_te_linear")
     if "mla_no_te_linear" in skipped:  # TE's class, or None where HAVE_TE guards it (0.13, 0.17+)
@@ -84,3 +84,13 @@ def test_default_causal_mask_is_the_upper_triangle_on_the_cpu() -> None:
     mask = fused_softmax.get_default_causal_mask(4)
     assert mask.device.type == "cpu" and mask.dtype == torch.bool
     assert torch.equal(mask, torch.ones(4, 4).triu(1).bool())
+
+
+def test_shims_that_reimplement_upstream_read_its_body_as_verified(cpu: Any) -> None:
+    """While installed, a shim's drift check reads the upstream body it displaced: verified on every release."""
+    declared = {p.name for p in CPU_SET if p.verified is not None}
+    assert {"moe_router_on_cpu", "causal_mask_on_cpu"} <= declared
+    drift = dict(cpu.drift)
+    assert {"moe_router_on_cpu", "causal_mask_on_cpu"} <= drift.keys()
+    for name, found in drift.items():
+        assert found.ok, f"{name}: {found.text}"
