@@ -287,7 +287,7 @@ def _cmd_show(args: argparse.Namespace, found: Discovery, out: TextIO) -> int:
         ("patch", f"{where.name}.{patch.name}"),
         ("source", where.source),
         ("target", f"{patch.where} ({kind})"),
-        ("kind", patch.kind),
+        ("kind", _kind_text(patch)),
         ("predicate", patch.when.describe()),
         ("answer", answer),
         ("install", f"{'yes' if install else 'no'}: {reason}"),
@@ -341,8 +341,18 @@ def _answer(patch: Patch) -> str:
     return f"{'yes' if ok else 'no'}: {reason}"
 
 
+def _kind_text(patch: Patch) -> str:
+    """The kind, with an item's key and ``create`` when set."""
+    key = f", key {patch.key!r}" if patch.kind == "item" else ""
+    create = ", created if absent (deleted on revert)" if patch.create else ""
+    return patch.kind + key + create
+
+
 def _docstring(patch: Patch) -> str:
     parts = [patch.doc.strip()] if patch.doc.strip() else []
+    if patch.kind in ("value", "item"):
+        text = "\n\n".join(parts) or "(no doc= given)"
+        return f"value {patch.replacement!r}:\n" + "\n".join(f"    {line}".rstrip() for line in text.splitlines())
     doc = inspect.getdoc(patch.replacement)
     if doc:
         parts.append(doc)

@@ -17,10 +17,11 @@ from patchreg._checks import check_compatible, check_patchable
 from patchreg._format import table
 from patchreg._lazy import awaited
 from patchreg._namespace import label, own_value
+from patchreg._plans import locate
 from patchreg._predicates import distributions
 from patchreg._records import Installed, Patch, entry
-from patchreg._store import LOCK, Installs, Owner
-from patchreg._targets import Miss, Site, identity
+from patchreg._store import LOCK, Installs, Owner, stack_key
+from patchreg._targets import Miss, Site
 from patchreg.exceptions import PatchConflictError, UnpatchableTargetError
 
 __all__ = ["Explanation", "active", "explain", "fingerprint_lines", "summary"]
@@ -57,18 +58,24 @@ def _explain_one(installs: Installs, patch: Patch, obj: Any) -> list[tuple[str, 
         )
         return [(patch.name, str(patch.where), "import", why)]
     try:
-        found = patch.where.resolve(obj)
+        found = locate(patch, obj)
     except UnpatchableTargetError as exc:
         return [(patch.name, "-", "error", str(exc))]
     if isinstance(found, Miss):
         return [(patch.name, "-", "skip", found.reason)]
-    return [(patch.name, label(hit.holder) + "." + hit.attr, *_would_do(installs, patch, hit)) for hit in found]
+    return [(patch.name, _where(patch, hit), *_would_do(installs, patch, hit)) for hit in found]
+
+
+def _where(patch: Patch, hit: Site) -> str:
+    if patch.kind == "item":
+        return f"{patch.where}[{hit.attr!r}]" if patch.is_global else f"{label(hit.holder)}[{hit.attr!r}]"
+    return f"{label(hit.holder)}.{hit.attr}"
 
 
 def _would_do(installs: Installs, patch: Patch, hit: Site) -> tuple[str, str]:
     """``(what, why)``: what an apply would do on one holder: share, install, conflict or error."""
     with LOCK:
-        key = (identity(hit.holder), hit.attr)
+        key = stack_key(patch, hit.holder, hit.attr)
         stack = installs.stacks.get(key)
         mine = stack is not None and stack.ref() is hit.holder
         if mine:
@@ -76,7 +83,8 @@ def _would_do(installs: Installs, patch: Patch, hit: Site) -> tuple[str, str]:
                 if layer.patch is patch:
                     return "share", f"already installed (count {layer.count}); {_reason(patch)}"
         layers = stack.layers if mine else []  # type: ignore[union-attr]
-        below = installs.foreign_top(key, layers, hit.holder, own_value(hit.holder, hit.attr))
+        current = own_value(hit.holder, hit.attr, "item" if patch.kind == "item" else "")
+        below = installs.foreign_top(key, layers, hit.holder, current)
         try:
             if mine:
                 check_compatible(patch, stack)  # type: ignore[arg-type]
@@ -108,9 +116,7 @@ def summary(owner: Owner) -> str:
     """A table of active installs: patch, target, holder, count, state, since."""
     now = time.time()
     entries = active(owner._installs)
-    rows = [
-        (e.patch, e.target, f"{e.holder}.{e.attr}", str(e.count), e.state, f"{now - e.since:.1f}s ago") for e in entries
-    ]
+    rows = [(e.patch, e.target, e.where, str(e.count), e.state, f"{now - e.since:.1f}s ago") for e in entries]
     if not rows:
         return f"registry {owner.name!r}: nothing active"
     pending = sum(1 for e in entries if e.state == "pending")
