@@ -25,6 +25,6 @@ def revert(target: Target | Report, obj: Any = None) -> int:
     return registry.revert(target, obj)
 
 
-def patched(target: Target, obj: Any = None, *, strict: bool = False) -> Patched:
+def patched(target: Target, obj: Any = None, *, strict: bool = False) -> Patched[Report]:
     """``registry.patched`` on the default registry."""
     return registry.patched(target, obj, strict=strict)

@@ -1,4 +1,17 @@
-"""Blocks: ``with registry.patched(...)``, ``@registry.patched(...)`` and :func:`decorate`."""
+"""Blocks: ``with registry.patched(...)``, ``@registry.patched(...)`` and :func:`decorate`.
+
+A :class:`Patched` block can be entered again while it is active (nested, or from several threads):
+each thread exits its own enters, innermost first. Misuse never raises a bare Python error and never
+leaves an install without an owner:
+
+- a second exit of a block with nothing open (mock's ``_patch`` allows it too) is a no-op;
+- an exit of a block never entered is a :class:`PatchError`;
+- an exit on a thread that has nothing open on the block while another thread does is a
+  :class:`PatchError`, and the install stays with the thread that entered (its exit, or
+  ``registry.revert(report)`` from anywhere, releases it). A block made for one call of a decorated
+  generator or coroutine is the exception: it has one enter, which its exit releases on whichever
+  thread resumed it last.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +20,10 @@ import inspect
 import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from patchreg._records import Report, patches_of
+from patchreg.exceptions import PatchDefinitionError, PatchError
 
 if TYPE_CHECKING:
     from patchreg._registry import Registry, Target
@@ -17,37 +31,98 @@ if TYPE_CHECKING:
 __all__ = ["Patched", "decorate"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
+_thread = threading.get_ident
 
 
-class Patched:
-    """``with registry.patched(set, obj) as report:`` or ``@registry.patched(set)``."""
+class Patched(Generic[T]):
+    """``with registry.patched(set, obj) as report:`` or ``@registry.patched(set)``.
 
-    def __init__(self, registry: Registry, target: Target, obj: Any, strict: bool) -> None:
+    A patch set's own block (``mtp_patched``) subclasses it and overrides :meth:`open` (what an enter
+    applies and what the ``with`` statement binds), :meth:`close` (after the exit reverted) and
+    :meth:`fresh` (the block each call of a decorated function enters).
+    """
+
+    def __init__(self, registry: Registry, target: Target, obj: Any = None, strict: bool = False) -> None:
         self.registry = registry
         self.target = target
         self.obj = obj
         self.strict = strict
-        self._stacks: dict[int, list[Report]] = {}  # per thread (get_ident); cheaper than a threading.local
+        self._stacks: dict[int, list[tuple[Report, T]]] = {}  # per thread (get_ident); cheaper than a local
+        self._used = False  # entered at least once: an exit with nothing open is then a no-op
+        self._one_call = False  # made by a decorated function for one call: its one enter may exit elsewhere
 
-    def __enter__(self) -> Report:
+    def open(self) -> tuple[Report, T]:
+        """Apply for one enter: ``(the report the exit reverts, what the with statement binds)``."""
         report = self.registry.apply(self.target, self.obj, strict=self.strict)
-        self._stacks.setdefault(threading.get_ident(), []).append(report)
-        return report
+        return report, cast(T, report)
+
+    def close(self, value: T) -> None:
+        """Called after an exit reverted what :meth:`open` applied; ``value`` is what the enter returned."""
+
+    def fresh(self) -> Patched[T]:
+        """A new block like this one: what each call of a function decorated with this block enters."""
+        return cast(Patched[T], Patched(self.registry, self.target, self.obj, self.strict))
+
+    @property
+    def open_count(self) -> int:
+        """How many enters of this block are not exited yet, on every thread."""
+        return sum(len(stack) for stack in list(self._stacks.values()))
+
+    def __enter__(self) -> T:
+        report, value = self.open()
+        self._used = True
+        self._stacks.setdefault(_thread(), []).append((report, value))  # each thread touches only its own stack
+        return value
 
     def __exit__(self, *exc: object) -> None:
-        key = threading.get_ident()
-        stack = self._stacks[key]
-        self.registry.revert(stack[-1])  # if this raises, the report stays so that the exit can be retried
+        key = _thread()
+        stack = self._stacks.get(key)
+        if not stack:
+            owner = self._misused(key)
+            if owner is None:
+                return
+            key, stack = owner, self._stacks[owner]
+        report, value = stack[-1]  # the innermost enter of this thread
+        self.registry.revert(report)  # if this raises, the entry stays so that the exit can be retried
         stack.pop()
         if not stack:
             del self._stacks[key]
+        self.close(value)
+
+    def _misused(self, thread: int) -> int | None:
+        """An exit on ``thread``, which has nothing open here: whose enter it exits (None: a no-op), or refuse."""
+        others = [(k, s) for k, s in list(self._stacks.items()) if s]
+        if not others:
+            if self._used:
+                return None  # a second exit: nothing to do
+            msg = (
+                f"{self!r} was exited without being entered; use it as 'with {self!r}:' (or as a decorator), "
+                "which enters it first. Nothing was changed."
+            )
+            raise PatchError(msg, target=self._name())
+        if self._one_call and len(others) == 1 and len(others[0][1]) == 1:
+            return others[0][0]  # a decorated generator or coroutine finished on another thread than it began
+        msg = (
+            f"{self!r} was exited on thread {thread}, which did not enter it; it is open on thread(s) "
+            f"{sorted(k for k, _s in others)}. Exit a block on the thread that entered it, or revert the report "
+            "its enter returned with registry.revert(report), which works from any thread. Nothing was changed."
+        )
+        raise PatchError(msg, target=self._name())
+
+    def _name(self) -> str:
+        return patches_of(self.target)[0]
 
     def __call__(self, func: F) -> F:
-        return decorate(func, lambda: Patched(self.registry, self.target, self.obj, self.strict))
+        return decorate(func, self._for_one_call)
+
+    def _for_one_call(self) -> Patched[T]:
+        block = self.fresh()
+        block._one_call = True
+        return block
 
     def __repr__(self) -> str:
-        name = patches_of(self.target)[0]
-        return f"<patched {name!r} via {self.registry.name!r}>"
+        return f"<patched {self._name()!r} via {self.registry.name!r}>"
 
 
 def decorate(func: F, block: Callable[[], AbstractContextManager[Any]]) -> F:
@@ -56,6 +131,15 @@ def decorate(func: F, block: Callable[[], AbstractContextManager[Any]]) -> F:
     A coroutine function stays one and keeps the block across its awaits; a generator function (sync
     or async) keeps it from its first step to its end, across its yields. Anything else: for the call.
     """
+    if not callable(func):
+        msg = f"decorate() takes the function to run inside the block, got {func!r}; pass a function or method."
+        raise PatchDefinitionError(msg, target=repr(func))
+    if isinstance(block, Patched) or not callable(block):
+        msg = (
+            f"decorate() takes a factory that makes a fresh block for each call, got {block!r}; pass "
+            "'lambda: registry.patched(...)', or decorate with the block itself ('@registry.patched(...)')."
+        )
+        raise PatchDefinitionError(msg, target=repr(block))
     if inspect.iscoroutinefunction(func):
 
         async def awaited(*args: Any, **kwargs: Any) -> Any:

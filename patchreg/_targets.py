@@ -103,8 +103,11 @@ class ImportPath:
             return False, None, f"{self} raised {exc.__class__.__name__}: {exc}"
         return True, value, f"{self} exists (served by __getattr__, not stored)"
 
-    def resolve(self, obj: Any = None) -> list[Site] | Miss:
-        """Import the module and walk to the holder; ``obj`` is ignored (import paths are global)."""
+    def resolve(self, obj: Any = None, *, create: bool = False) -> list[Site] | Miss:
+        """Import the module and walk to the holder; ``obj`` is ignored (import paths are global).
+
+        ``create``: an attribute the holder does not store is a site too (an install creates it).
+        """
         holder = self.locate()
         if isinstance(holder, Miss):
             return holder
@@ -115,7 +118,7 @@ class ImportPath:
             )
             raise UnpatchableTargetError(msg, target=str(self))
         attr = self.parts[-1]
-        if not any(attr in ns for ns in namespaces(holder)):
+        if not create and not any(attr in ns for ns in namespaces(holder)):
             return Miss(self._not_stored(holder, attr))
         return [Site(holder, attr)]
 
@@ -127,16 +130,33 @@ class ImportPath:
             return f"{self} does not exist"
         where = f"module {holder.__name__}" if isinstance(holder, types.ModuleType) else f"class {holder.__qualname__}"
         served = "its module-level __getattr__" if isinstance(holder, types.ModuleType) else "its metaclass"
-        defined = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+        defined = _defined_at(value)
         hint = (
-            f"; patch it where it is defined, e.g. '{defined[0]}:{defined[1]}'"
-            if all(isinstance(d, str) for d in defined)
-            else "; patch it where it is defined"
+            f"; patch it where it is defined, e.g. '{defined}'"
+            if defined is not None
+            else "; patch the code that uses it, or the object that serves it"
         )
         return (
             f"{self} exists but is not stored in {where} (it is served by {served}, e.g. a lazy attribute), "
             f"so patchreg cannot install and restore it exactly{hint}"
         )
+
+
+def _defined_at(value: Any) -> str | None:
+    """``"module:qualname"`` where ``value`` is stored under its own name, when that is a valid import path.
+
+    None for what has no such place: a lambda or a function defined inside another (``<locals>``), a
+    plain value (an int, an instance), or a name that no longer holds it there.
+    """
+    module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str) or not _DOTTED.match(qualname):
+        return None
+    holder: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        holder = vars(holder).get(part, _UNSET) if isinstance(getattr(holder, "__dict__", None), Mapping) else _UNSET
+        if holder is _UNSET:
+            return None
+    return f"{module}:{qualname}" if holder is value else None
 
 
 def namespaces(holder: Any) -> list[Mapping[str, Any]]:
@@ -229,8 +249,12 @@ class Selector:
                 found.setdefault(identity(holder), where)
         return found
 
-    def resolve(self, obj: Any) -> list[Site] | Miss:
-        """Every (holder, attribute) the selector names on ``obj``; a Miss says why there is none."""
+    def resolve(self, obj: Any, *, create: bool = False) -> list[Site] | Miss:
+        """Every (holder, attribute) the selector names on ``obj``; a Miss says why there is none.
+
+        ``create``: the last name need not exist on the holders the rest of the path finds (on ``obj``
+        itself for a one-name selector); an install creates it.
+        """
         if isinstance(obj, (list, tuple)):
             chunks = obj
             for chunk in chunks:
@@ -240,7 +264,7 @@ class Selector:
             chunks = (obj,)
         sites: list[Site] = []
         for chunk in chunks:
-            found = self._fast(chunk)
+            found = self._fast(chunk) or (self._created(chunk) if create else None)
             if found:
                 sites.extend(found)
         if sites:
@@ -280,6 +304,30 @@ class Selector:
             if value is _UNSET and not _has_attr(holder, attr):
                 return None
         return [Site(holder, attr) for holder in holders]
+
+    def _created(self, obj: Any) -> list[Site] | None:
+        """The sites on one chunk when the last name may be absent (``create``), or None on a miss."""
+        steps = self._steps
+        if len(steps) == 1:
+            if steps[0].indices:
+                return None
+            _check_instance(obj, self.path)
+            return [Site(obj, steps[0].name)]
+        names = [*self.path.split(".")[:-2], steps[-2].name]  # the path to the holders, their indices below
+        parent = Selector(".".join(names), self.unwrap)
+        found = parent._fast(obj)
+        if not found:
+            return None
+        holders: list[Any] = []
+        for holder, name in found:
+            items = [getattr(holder, name)]
+            for index in steps[-2].indices:  # "layers[*].flag": the elements are the holders
+                items = _select(items, index)
+            holders.extend(items)
+        attr = steps[-1].name
+        if not holders or steps[-1].indices or any(isinstance(h, _NOT_INSTANCES) for h in holders):
+            return None
+        return [Site(h, attr) for h in holders]
 
     def _explain(self, obj: Any) -> str:
         """Why the selector finds nothing on ``obj`` (the slow path, with dotted locations)."""

@@ -11,9 +11,7 @@ model is the upstream model again. Three patches, each gated per release by its 
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import patchreg
 from patches.megatron._compat import GPT, MTP, mcore_version, parameters, upstream
@@ -34,7 +32,6 @@ __all__ = [
     "mtp_patched",
 ]
 
-F = TypeVar("F", bound=Callable[..., Any])
 
 _POSTPROCESS_PATH = f"{GPT}:GPTModel._postprocess"
 _LAYER = f"{MTP}:MultiTokenPredictionLayer"
@@ -176,7 +173,6 @@ class MTPReport:
 
 
 _HAS_GPT = has(f"{GPT}:GPTModel")
-_thread = threading.get_ident
 _GPT_CLASS: list[Any] = []  # GPTModel, once imported
 
 
@@ -217,15 +213,16 @@ def _find_gpt(obj: Any, gpt_cls: Any) -> Any:
     return None
 
 
-class mtp_patched:
+class mtp_patched(patchreg.Patched[MTPReport]):
     """Context manager (and decorator): the MTP patch set on ``model`` for the duration of a block.
 
     ``detach_encoder=True``: the MTP loss trains only the MTP layers (zero gradient to the
     embedding, the decoder and the output layer); ``False``: it trains the trunk too, as
-    Megatron-Core pretraining does. Yields an :class:`MTPReport`.
+    Megatron-Core pretraining does. Yields an :class:`MTPReport`. A :class:`patchreg.Patched` block:
+    enters nest and are per thread, and misuse (exit twice, exit without enter) is handled there.
     """
 
-    __slots__ = ("_entered", "detach_encoder", "model", "patch_set", "registry", "strict")
+    __slots__ = ("detach_encoder", "model", "patch_set")
 
     def __init__(
         self,
@@ -237,35 +234,22 @@ class mtp_patched:
     ) -> None:
         self.model = model
         self.detach_encoder = bool(detach_encoder)
-        self.registry = registry if registry is not None else patchreg.registry
-        self.strict = strict
         self.patch_set = MTP_DETACH_SET if self.detach_encoder else MTP_SET
-        self._entered: dict[int, list[MTPReport]] = {}  # per thread: the reports of its enters not yet exited
+        super().__init__(registry if registry is not None else patchreg.registry, self.patch_set, model, strict)
 
-    def __enter__(self) -> MTPReport:
+    def open(self) -> tuple[patchreg.Report, MTPReport]:
         models = language_models(self.model)
         try:  # the GPTModels themselves: what the selectors find through any wrapper, without the walk
             report = self.registry.apply(self.patch_set, models[0] if len(models) == 1 else models, strict=self.strict)
         except PatchConflictError as exc:
             raise self._conflict(exc) from exc
-        mtp_report = MTPReport(report, self.detach_encoder, models)
-        self._entered.setdefault(_thread(), []).append(mtp_report)  # each thread touches only its own stack
-        return mtp_report
+        return report, MTPReport(report, self.detach_encoder, models)
 
-    def __exit__(self, *exc: object) -> None:
-        thread = _thread()
-        stack = self._entered[thread]
-        mtp_report = stack[-1]  # the innermost enter of this thread
-        self.registry.revert(mtp_report.report)  # if this raises, the entry stays so the exit can be retried
-        mtp_report._close()
-        stack.pop()
-        if not stack:
-            del self._entered[thread]
+    def close(self, value: MTPReport) -> None:
+        value._close()
 
-    def __call__(self, func: F) -> F:
-        return patchreg.decorate(
-            func, lambda: mtp_patched(self.model, self.detach_encoder, registry=self.registry, strict=self.strict)
-        )
+    def fresh(self) -> mtp_patched:
+        return mtp_patched(self.model, self.detach_encoder, registry=self.registry, strict=self.strict)
 
     def _conflict(self, exc: PatchConflictError) -> MTPConflictError:
         other = not self.detach_encoder

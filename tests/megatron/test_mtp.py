@@ -328,7 +328,7 @@ def test_one_instance_shared_by_threads() -> None:
     finally:
         sys.setswitchinterval(switch)
     assert errors == [], "\n".join(errors)
-    assert shared._entered == {}
+    assert shared.open_count == 0
     assert not patchreg.registry.is_active("postprocess_detached", model)
     assert vars(model).keys() == before.keys() and all(vars(model)[k] is v for k, v in before.items())
 

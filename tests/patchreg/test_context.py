@@ -1,0 +1,144 @@
+"""Blocks (``Patched``, ``decorate``): misuse of enter and exit is a PatchError or a documented no-op."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from patchreg import Patch, PatchDefinitionError, Patched, PatchError, Registry, Report, decorate
+from tests.patchreg import sample
+from tests.patchreg.helpers import plain
+
+M = "tests.patchreg.sample"
+
+
+def _patch() -> Patch:
+    return Patch("f", f"{M}:module_func", plain("patched"))
+
+
+def _on_thread(func: Any) -> BaseException | None:
+    """Run ``func`` on a new thread; what it raised (None if nothing)."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            func()
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    return raised[0] if raised else None
+
+
+def test_second_exit_is_a_no_op(patch_registry: Registry, pristine: Any) -> None:
+    """A second __exit__ of a block (as mock's own test_exit_idempotent) does nothing and raises nothing."""
+    block = patch_registry.patched(_patch())
+    with block:
+        assert sample.module_func(1) == "patched"
+    block.__exit__(None, None, None)
+    block.__exit__(None, None, None)
+    assert patch_registry.active() == ()
+    pristine()
+
+
+def test_exit_without_enter_is_a_patch_error(patch_registry: Registry, pristine: Any) -> None:
+    """An __exit__ of a block never entered is a PatchError naming the block and how to use it."""
+    block = patch_registry.patched(_patch())
+    with pytest.raises(PatchError, match=r"exited without being entered; use it as 'with <patched 'f'"):
+        block.__exit__(None, None, None)
+    pristine()
+
+
+def test_exit_on_another_thread_is_refused_and_the_enter_keeps_its_install(
+    patch_registry: Registry, pristine: Any
+) -> None:
+    """An __exit__ on a thread that did not enter is a PatchError; the entering thread still owns and exits it."""
+    block = patch_registry.patched(_patch())
+    report = block.__enter__()
+    raised = _on_thread(lambda: block.__exit__(None, None, None))
+    assert isinstance(raised, PatchError), raised
+    assert "did not enter it" in str(raised) and "registry.revert(report)" in str(raised)
+    assert sample.module_func(1) == "patched" and block.open_count == 1 and not report.reverted
+    block.__exit__(None, None, None)
+    assert block.open_count == 0 and report.reverted
+    pristine()
+
+
+def test_report_of_an_enter_reverts_from_another_thread(patch_registry: Registry, pristine: Any) -> None:
+    """The remedy the refusal names works: the report an enter returned is reverted from any thread."""
+    block = patch_registry.patched(_patch())
+    report = block.__enter__()
+    assert _on_thread(lambda: patch_registry.revert(report)) is None
+    assert patch_registry.active() == ()
+    block.__exit__(None, None, None)  # its report is released already: releases nothing again
+    pristine()
+
+
+def test_decorated_generator_finished_on_another_thread_restores(patch_registry: Registry, pristine: Any) -> None:
+    """A decorated generator begun on one thread and finished on another reverts its one enter there."""
+
+    @patch_registry.patched(_patch())
+    def steps() -> Iterator[Any]:
+        yield sample.module_func(1)
+        yield sample.module_func(2)
+
+    it = steps()
+    assert next(it) == "patched"
+    rest: list[Any] = []
+    assert _on_thread(lambda: rest.extend(it)) is None
+    assert rest == ["patched"]
+    assert patch_registry.active() == ()
+    pristine()
+
+
+def test_nested_enters_unwind_per_thread(patch_registry: Registry, pristine: Any) -> None:
+    """One block entered twice (nested) counts two enters; each exit releases the innermost one."""
+    block = patch_registry.patched(_patch())
+    with block as outer:
+        with block as inner:
+            assert block.open_count == 2 and inner.installed == 0
+        assert block.open_count == 1 and not outer.reverted
+    assert block.open_count == 0
+    pristine()
+
+
+def test_subclass_hooks_open_close_fresh(patch_registry: Registry, pristine: Any) -> None:
+    """A subclass's open() decides what the with statement binds, close() runs after the revert, fresh() per call."""
+    closed: list[Any] = []
+
+    class Block(Patched[dict[str, Any]]):
+        def open(self) -> tuple[Report, dict[str, Any]]:
+            report = self.registry.apply(self.target)
+            return report, {"report": report}
+
+        def close(self, value: dict[str, Any]) -> None:
+            closed.append((value, sample.module_func(1)))
+
+        def fresh(self) -> Block:
+            return Block(self.registry, self.target)
+
+    block = Block(patch_registry, _patch())
+    with block as value:
+        assert value["report"].installed == 1
+    assert closed == [(value, 2)]  # close() ran after the original came back
+
+    @block
+    def call() -> Any:
+        return sample.module_func(1)
+
+    assert call() == "patched" and len(closed) == 2 and block.open_count == 0
+    pristine()
+
+
+def test_decorate_refuses_a_block_instead_of_a_factory(patch_registry: Registry) -> None:
+    """decorate() given a block (not a factory) or a non-callable is a PatchDefinitionError naming the remedy."""
+    block = patch_registry.patched(_patch())
+    with pytest.raises(PatchDefinitionError, match="factory that makes a fresh block"):
+        decorate(sample.module_func, block)
+    with pytest.raises(PatchDefinitionError, match="the function to run inside the block"):
+        decorate(3, lambda: block)  # type: ignore[type-var]
