@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import types
-from collections.abc import Iterable
+from collections.abc import Iterable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from patchreg._namespace import ABSENT, label, stored_value
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "check_compatible",
+    "check_mapping",
     "check_patchable",
     "check_release",
     "name_patch",
@@ -36,8 +37,11 @@ log = logging.getLogger("patchreg")
 _IMMUTABLE_TYPE = 1 << 8  # Py_TPFLAGS_IMMUTABLETYPE
 
 
-def check_patchable(patch: Patch, holder: Any, attr: str) -> None:
+def check_patchable(patch: Patch, holder: Any, attr: Any) -> None:
     """Refuse, before any change, what cannot be installed and restored exactly."""
+    if patch.kind == "item":
+        check_mapping(patch, holder)
+        return
     if isinstance(holder, type) and holder.__flags__ & _IMMUTABLE_TYPE:
         msg = (
             f"Cannot patch {holder.__qualname__}.{attr} (target {str(patch.where)!r}): {holder.__qualname__} is an "
@@ -54,6 +58,17 @@ def check_patchable(patch: Patch, holder: Any, attr: str) -> None:
         _check_instance_class(patch, type(holder), attr)
     if patch.kind == "wrap":
         _check_wrappable(patch, holder, attr)
+
+
+def check_mapping(patch: Patch, mapping: Any) -> None:
+    """An item patch's target must hold a mutable mapping (a dict, ``os.environ``)."""
+    if not isinstance(mapping, MutableMapping):
+        msg = (
+            f"Cannot set key {patch.key!r} of {str(patch.where)!r} (patch {patch.name!r}): it holds a "
+            f"{type(mapping).__qualname__}, not a mutable mapping; kind='item' patches a dict or os.environ, "
+            "point the target at one."
+        )
+        raise UnpatchableTargetError(msg, patch=patch, target=patch.target)
 
 
 def _check_instance_class(patch: Patch, cls: type, attr: str) -> None:
@@ -98,12 +113,12 @@ def check_compatible(patch: Patch, stack: InstallStack, other: Patch | None = No
         if not stack.layers:
             return
         other = stack.layers[-1].patch
-    if other.kind == "replace":
-        what = f"also replaces {stack.label}.{stack.attr}"
+    if other.kind != "wrap":
+        what = f"also replaces {stack.where}"
     else:
-        what = f"wraps {stack.label}.{stack.attr}, and a replace installed over it would discard that wrapper"
+        what = f"wraps {stack.where}, and a replace installed over it would discard that wrapper"
     msg = (
-        f"Patch {patch.name!r} replaces {stack.label}.{stack.attr}, but patch {other.name!r}{where} {what}; "
+        f"Patch {patch.name!r} replaces {stack.where}, but patch {other.name!r}{where} {what}; "
         "revert one of them first, or make one a kind='wrap' patch (wraps stack)."
     )
     raise PatchConflictError(msg, patch=patch, target=patch.target)
@@ -149,7 +164,7 @@ def check_release(layers: list[Layer]) -> None:
                         else f"on {upper.stack.label}, which wraps it"
                     )
                     msg = (
-                        f"Cannot revert patch {layer.patch.name!r} on {stack.label}.{stack.attr}: patch "
+                        f"Cannot revert patch {layer.patch.name!r} on {stack.where}: patch "
                         f"{upper.patch.name!r} was installed over it {how}; revert that one first (reverse order "
                         "of applying). Nothing was changed."
                     )
@@ -168,7 +183,7 @@ def check_release(layers: list[Layer]) -> None:
                 raise PatchOwnershipError(_not_ours(layer, current), patch=layer.patch, target=layer.patch.target)
         if order[-1] is not layer:
             msg = (
-                f"Cannot revert patch {layer.patch.name!r} on {stack.label}.{stack.attr} before patch "
+                f"Cannot revert patch {layer.patch.name!r} on {stack.where} before patch "
                 f"{order[-1].patch.name!r}, which was installed over it; revert in reverse order of applying "
                 "(exit the inner block first). Nothing was changed."
             )
@@ -179,7 +194,7 @@ def check_release(layers: list[Layer]) -> None:
 def _not_ours(layer: Layer, current: Any) -> str:
     """Why the top layer cannot be released: what the attribute holds now is neither its install nor its original."""
     stack, name = layer.stack, layer.patch.name
-    where = f"{stack.label}.{stack.attr}"
+    where = f"{stack.where}"
     if current is ABSENT:
         return (
             f"Cannot revert patch {name!r} on {where}: the attribute was deleted meanwhile (not by patchreg), so "

@@ -324,7 +324,7 @@ def _cmd_show(args: argparse.Namespace, found: Discovery, out: TextIO) -> int:
         ("patch", f"{where.name}.{patch.name}"),
         ("source", where.source),
         ("target", f"{patch.where} ({kind})"),
-        ("kind", patch.kind),
+        ("kind", _kind_text(patch)),
         ("predicate", patch.when.describe()),
         ("answer", answer),
         ("install", verdict if install or not extra else f"{verdict}: {extra}"),
@@ -378,8 +378,18 @@ def _answer(patch: Patch) -> str:
     return f"{'yes' if ok else 'no'}: {reason}"
 
 
+def _kind_text(patch: Patch) -> str:
+    """The kind, with an item's key and ``create`` when set."""
+    key = f", key {patch.key!r}" if patch.kind == "item" else ""
+    create = ", created if absent (deleted on revert)" if patch.create else ""
+    return patch.kind + key + create
+
+
 def _docstring(patch: Patch) -> str:
     """The patch's own ``doc`` under the replacement's name; the replacement's docstring when the patch has none."""
+    if patch.kind in ("value", "item"):
+        text = patch.doc.strip() or "(no doc= given)"
+        return f"value {patch.replacement!r}:\n" + "\n".join(f"    {line}".rstrip() for line in text.splitlines())
     text = patch.doc.strip() or inspect.getdoc(patch.replacement) or "(the replacement has no docstring)"
     label = "wrapper" if patch.kind == "wrap" else "replacement"
     qualname = getattr(patch.replacement, "__qualname__", type(patch.replacement).__qualname__)

@@ -16,9 +16,10 @@ from patchreg._checks import check_compatible, check_patchable
 from patchreg._format import WIDTH, table
 from patchreg._lazy import awaited
 from patchreg._namespace import label, own_value
+from patchreg._plans import locate
 from patchreg._predicates import distributions, provider
 from patchreg._records import Installed, Patch, entry
-from patchreg._store import LOCK, Installs, Owner
+from patchreg._store import LOCK, Installs, Owner, stack_key
 from patchreg._targets import Miss, Selector, Site, identity
 from patchreg.exceptions import PatchConflictError, UnpatchableTargetError
 
@@ -57,20 +58,21 @@ def _explain_one(installs: Installs, patch: Patch, obj: Any) -> list[tuple[str, 
         )
         return [(patch.name, str(patch.where), "import", why)]
     try:
-        found = patch.where.resolve(obj)
+        found = locate(patch, obj)
     except UnpatchableTargetError as exc:
         return [(patch.name, "-", "error", str(exc))]
     if isinstance(found, Miss):
         return [(patch.name, "-", "skip", found.reason)]
     paths = _paths(patch.where, obj)
-    return [
-        (
-            patch.name,
-            f"{paths.get(identity(hit.holder)) or label(hit.holder)}.{hit.attr}",
-            *_would_do(installs, patch, hit),
-        )
-        for hit in found
-    ]
+    return [(patch.name, _where(patch, hit, paths), *_would_do(installs, patch, hit)) for hit in found]
+
+
+def _where(patch: Patch, hit: Site, paths: dict[int, str]) -> str:
+    """How a row names the holder: by its path from the object passed where it has one, else its label."""
+    name = paths.get(identity(hit.holder)) or label(hit.holder)
+    if patch.kind == "item":
+        return f"{patch.where}[{hit.attr!r}]" if patch.is_global else f"{name}[{hit.attr!r}]"
+    return f"{name}.{hit.attr}"
 
 
 def _paths(where: object, obj: Any) -> dict[int, str]:
@@ -105,7 +107,7 @@ def name_stacks(installs: Installs, obj: Any) -> None:
 def _would_do(installs: Installs, patch: Patch, hit: Site) -> tuple[str, str]:
     """``(what, why)``: what an apply would do on one holder: share, install, conflict or error."""
     with LOCK:
-        key = (identity(hit.holder), hit.attr)
+        key = stack_key(patch, hit.holder, hit.attr)
         stack = installs.stacks.get(key)
         mine = stack is not None and stack.ref() is hit.holder
         if mine:
@@ -113,7 +115,8 @@ def _would_do(installs: Installs, patch: Patch, hit: Site) -> tuple[str, str]:
                 if layer.patch is patch:
                     return "share", f"already installed (count {layer.count}); {_reason(patch)}"
         layers = stack.layers if mine else []  # type: ignore[union-attr]
-        below = installs.foreign_top(key, layers, hit.holder, own_value(hit.holder, hit.attr))
+        current = own_value(hit.holder, hit.attr, "item" if patch.kind == "item" else "")
+        below = installs.foreign_top(key, layers, hit.holder, current)
         try:
             if mine:
                 check_compatible(patch, stack)  # type: ignore[arg-type]
@@ -149,7 +152,7 @@ def summary(owner: Owner) -> str:
     """
     now = time.time()
     entries = active(owner._installs)
-    rows = [(e.patch, f"{e.holder}.{e.attr}", str(e.count), e.state, f"{now - e.since:.1f}s ago") for e in entries]
+    rows = [(e.patch, e.where, str(e.count), e.state, f"{now - e.since:.1f}s ago") for e in entries]
     if not rows:
         return f"registry {owner.name!r}: nothing active"
     pending = sum(1 for e in entries if e.state == "pending")
@@ -169,7 +172,7 @@ def fingerprint_lines(installs: Installs) -> list[str]:
     with LOCK:
         installs.purge()
         layers = installs.live_layers()
-        lines = [_install_line(entry(la), _kind_of(la.stack.ref())) for la in layers]
+        lines = [_install_line(entry(la), _kind_of(la.stack)) for la in layers]
         lines += [_install_line(e, e.holder) for e in (p.entry() for p in installs.pending)]
         patches = {la.patch for la in layers}
     facts: set[str] = set()
@@ -184,8 +187,12 @@ def _install_line(e: Installed, holder: str) -> str:
     return f"install {e.patch}|{e.target}|{e.kind}|{holder}.{e.attr}|{e.state}"
 
 
-def _kind_of(holder: Any) -> str:
-    """A holder as the fingerprint names it: a module or class by name, an instance by its type (not its path)."""
+def _kind_of(stack: Any) -> str:
+    """A holder as the fingerprint names it: a mapping by its title, a module or class by name, an instance by
+    its type (never its path or address)."""
+    if stack.title is not None:
+        return str(stack.title)
+    holder = stack.ref()
     return "<dead object>" if holder is None else label(holder).split("@")[0]
 
 

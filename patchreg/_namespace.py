@@ -14,7 +14,18 @@ import wrapt
 
 from patchreg._targets import class_attr
 
-__all__ = ["ABSENT", "bind_like", "build", "holder_kind", "label", "own_value", "put_back", "stored_value", "write"]
+__all__ = [
+    "ABSENT",
+    "bind_like",
+    "build",
+    "holder_kind",
+    "label",
+    "own_value",
+    "put_back",
+    "same",
+    "stored_value",
+    "write",
+]
 
 
 class _Absent:
@@ -48,9 +59,20 @@ def label(holder: Any) -> str:
     return f"{type(holder).__name__}@{id(holder):#x}"
 
 
-def own_value(holder: Any, attr: str) -> Any:
-    """What ``holder``'s own namespace stores for ``attr`` (``ABSENT`` if nothing)."""
+def own_value(holder: Any, attr: Any, kind: str = "") -> Any:
+    """What ``holder``'s own namespace stores for ``attr`` (``ABSENT`` if nothing); ``kind="item"``: the mapping's item."""
+    if kind == "item":
+        return holder.get(attr, ABSENT)
     return vars(holder).get(attr, ABSENT)
+
+
+def same(kind: str, a: Any, b: Any) -> bool:
+    """Whether ``a`` is ``b``; for mapping items, also an equal str, bytes or number (``os.environ`` hands out
+    a new str on every read)."""
+    return a is b or (kind == "item" and type(a) is type(b) and type(a) in _PLAIN and a == b)
+
+
+_PLAIN = (str, bytes, int, float, bool)
 
 
 def stored_value(holder: Any, attr: str) -> Any:
@@ -63,9 +85,12 @@ def stored_value(holder: Any, attr: str) -> Any:
     return value if value is not ABSENT else class_attr(type(holder), attr, ABSENT)
 
 
-def build(replacement: Any, wrap: bool, kind: str, holder: Any, attr: str, original: Any) -> Any:
-    """The object to install: ``replacement`` (bound or re-wrapped as needed), or a FunctionWrapper (``wrap``)."""
-    if wrap:
+def build(replacement: Any, how: str, kind: str, holder: Any, attr: Any, original: Any) -> Any:
+    """The object to install for a patch of kind ``how``: a value or an item as it is, a replacement bound
+    or re-wrapped as needed, a FunctionWrapper for a wrap."""
+    if how in ("value", "item"):
+        return replacement
+    if how == "wrap":
         if kind == "instance":
             return wrapt.FunctionWrapper(getattr(holder, attr), replacement)
         return wrapt.FunctionWrapper(stored_value(holder, attr), replacement)
@@ -102,20 +127,27 @@ def bind_like(value: Any, holder: Any, attr: str, original: Any) -> Any:
     return value
 
 
-def write(kind: str, holder: Any, attr: str, value: Any) -> None:
-    """Store ``value``: into ``vars(instance)`` directly, through ``setattr`` on classes and modules."""
-    if kind == "instance":
+def write(kind: str, holder: Any, attr: Any, value: Any) -> None:
+    """Store ``value``: into ``vars(instance)`` directly, through ``setattr`` on classes and modules, as an item."""
+    if kind == "item":
+        holder[attr] = value
+    elif kind == "instance":
         vars(holder)[attr] = value
     else:
         setattr(holder, attr, value)
 
 
-def put_back(kind: str, holder: Any, attr: str, original: Any, *, raw: bool = False) -> None:
-    """Write ``original`` back (``ABSENT``: remove the attribute, if it is there).
+def put_back(kind: str, holder: Any, attr: Any, original: Any, *, raw: bool = False) -> None:
+    """Write ``original`` back (``ABSENT``: remove the attribute, or the item, if it is there).
 
     ``raw``: past any ``__setattr__``/``__delattr__`` of a metaclass or module class (to undo a write one changed).
     """
-    if kind == "instance" or (raw and kind == "module"):
+    if kind == "item":
+        if original is ABSENT:
+            holder.pop(attr, None)
+        else:
+            holder[attr] = original
+    elif kind == "instance" or (raw and kind == "module"):
         if original is ABSENT:
             vars(holder).pop(attr, None)
         else:

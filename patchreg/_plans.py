@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from patchreg._checks import check_patchable, name_patch, report_skips, warn_not_found
+from patchreg._checks import check_mapping, check_patchable, name_patch, report_skips, warn_not_found
 from patchreg._namespace import ABSENT, bind_like, label
 from patchreg._predicates import on_refresh
 from patchreg._records import Patch, PatchSet
@@ -24,7 +24,18 @@ from patchreg._store import LOCK, SEQUENCE, Installs, InstallStack, Layer, Ledge
 from patchreg._targets import _NOT_INSTANCES, _UNSET, Miss, Selector, Site, _by_values, class_attr, identity
 from patchreg.exceptions import PatchError
 
-__all__ = ["Plan", "Trace", "Work", "apply_planned", "guard_check", "plan_key", "resolve", "resolve_all", "trace"]
+__all__ = [
+    "Plan",
+    "Trace",
+    "Work",
+    "apply_planned",
+    "guard_check",
+    "locate",
+    "plan_key",
+    "resolve",
+    "resolve_all",
+    "trace",
+]
 
 log = logging.getLogger("patchreg")
 
@@ -38,8 +49,8 @@ Work = tuple[Patch, Any, str]
 Trace = tuple[Patch, "str | None", "tuple[list[Site], Guards] | None"]
 SEEN_MAX = 4096  # first applies remembered (to plan on the second one) before the marks are dropped
 _PLAIN, _METHOD = 1, 2
-_MethodType = types.MethodType
-_Ref = weakref.ReferenceType  # a planned instance install: the replacement itself, or bound to the holder
+_MethodType = types.MethodType  # a planned instance install: the replacement itself, or bound to the holder
+_Ref = weakref.ReferenceType
 _new = object.__new__
 generation = [0]  # bumped by refresh(): plans made before hold stale predicate answers
 
@@ -65,7 +76,7 @@ def plannable(target: object, obj: Any) -> bool:
 
 def _traced(patch: Patch, obj: Any, found: list[Site]) -> tuple[list[Site], Guards] | None:
     """A selector's trace on ``obj`` when it agrees with ``found``; None: resolve at every apply."""
-    if patch.is_global:
+    if patch.is_global or patch.create or patch.kind == "item":
         return None
     traced = trace(patch.where, obj)  # type: ignore[arg-type]
     if traced is None or len(traced[0]) != len(found):
@@ -254,9 +265,11 @@ class _Stale(Exception):
 
 def _bind_mode(patch: Patch, stack: InstallStack, holder: Any) -> int:
     """How a planned install on an instance binds the replacement (0: not planned, use the general path)."""
-    if patch.kind != "replace" or stack.kind != "instance":
+    if patch.kind not in ("replace", "value") or stack.kind != "instance":
         return 0
     value = patch.replacement
+    if patch.kind == "value":
+        return _PLAIN
     bound = bind_like(value, holder, stack.attr, ABSENT)
     if bound is value:
         return _PLAIN
@@ -352,9 +365,30 @@ def resolve_all(
     return work, skipped
 
 
+def locate(patch: Patch, obj: Any) -> list[Site] | Miss:
+    """Where ``patch`` installs on ``obj``: its target's sites (absent ones too with ``create``); for an
+    item patch, ``(mapping, key)`` for each mapping the target names."""
+    if patch.kind != "item":
+        return patch.where.resolve(obj, create=patch.create)
+    found = patch.where.resolve(obj)
+    if isinstance(found, Miss):
+        return found
+    sites = []
+    for holder, attr in found:
+        mapping = getattr(holder, attr)
+        check_mapping(patch, mapping)
+        if not patch.create and patch.key not in mapping:
+            return Miss(
+                f"{patch.where}[{patch.key!r}] is not set; pass create=True to set it for the patch "
+                "(deleted again on revert)"
+            )
+        sites.append(Site(mapping, patch.key))
+    return sites
+
+
 def resolve(patch: Patch, obj: Any) -> list[Site] | str:
     """The sites of ``patch`` on ``obj``, checked patchable; a string says why there are none."""
-    found = patch.where.resolve(obj)
+    found = locate(patch, obj)
     if isinstance(found, Miss):
         return found.reason
     for holder, attr in found:

@@ -6,7 +6,7 @@ import functools
 import inspect
 import re
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, Literal
 
 import attrs
@@ -20,7 +20,9 @@ from patchreg.exceptions import PatchDefinitionError
 
 __all__ = ["ABSENT", "Backup", "Installed", "Patch", "PatchSet", "Report", "entry", "patches_of"]
 
-Kind = Literal["replace", "wrap"]
+Kind = Literal["replace", "wrap", "value", "item"]
+#: Kinds whose replacement is installed as it is, never called by patchreg or required to be callable.
+VALUE_KINDS = ("value", "item")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.+\-]*\Z")
 _DESCRIPTORS = (staticmethod, classmethod, property, functools.cached_property)
 
@@ -74,16 +76,22 @@ class Patch:
 
     ``kind="replace"`` installs ``replacement`` in place of the attribute (bound to the
     instance for selector targets on methods); ``kind="wrap"`` installs a
-    ``wrapt.FunctionWrapper`` calling ``replacement(wrapped, instance, args, kwargs)``.
+    ``wrapt.FunctionWrapper`` calling ``replacement(wrapped, instance, args, kwargs)``;
+    ``kind="value"`` installs ``replacement`` as it is, callable or not (a constant, a flag, a
+    config field); ``kind="item"`` sets ``target``'s mapping (``"os:environ"``, a registry dict)
+    at ``key`` to ``replacement``. ``create=True`` lets a patch install an attribute (or a key)
+    that is absent, deleted again on revert; without it an absent one is a skip.
     Patches compare by identity: a patch is declared once, at module level.
     """
 
     name: str = attrs.field(validator=_check_name)
     target: str | Selector
-    replacement: Callable[..., Any]
+    replacement: Any  # a callable (replace, wrap), or any object (value, item)
     when: Predicate = always
     kind: Kind = "replace"
     doc: str = ""
+    create: bool = False
+    key: Any = None
     verified: Verified | None = None  # the upstream bodies it was verified against (patchreg._drift)
     backup: Backup = attrs.field(init=False, factory=Backup)
     where: ImportPath | Selector = attrs.field(init=False)
@@ -101,11 +109,20 @@ class Patch:
     @property
     def description(self) -> str:
         """The ``doc`` field, else the replacement's docstring's first line."""
-        text = self.doc or inspect.getdoc(self.replacement) or ""
+        text = self.doc or ("" if self.kind in VALUE_KINDS else inspect.getdoc(self.replacement) or "")
         return text.strip().splitlines()[0] if text.strip() else ""
 
     def __repr__(self) -> str:
-        return f"Patch({self.name!r}, {str(self.where)!r}, kind={self.kind!r}, when={_when_text(self.when)})"
+        key = f", key={self.key!r}" if self.kind == "item" else ""
+        create = ", create=True" if self.create is True else ""
+        return (
+            f"Patch({self.name!r}, {str(self.where)!r}, kind={self.kind!r}{key}{create}, when={_when_text(self.when)})"
+        )
+
+    @property
+    def is_item(self) -> bool:
+        """True for a mapping-item patch (``kind="item"``)."""
+        return self.kind == "item"
 
 
 def _when_text(when: object) -> str:
@@ -119,9 +136,10 @@ def _when_text(when: object) -> str:
 
 
 def _validate(patch: Patch) -> None:
-    if patch.kind not in ("replace", "wrap"):
-        msg = f"Patch {patch.name!r}: unknown kind {patch.kind!r}; use 'replace' or 'wrap'."
+    if patch.kind not in ("replace", "wrap", "value", "item"):
+        msg = f"Patch {patch.name!r}: unknown kind {patch.kind!r}; use 'replace', 'wrap', 'value' or 'item'."
         raise PatchDefinitionError(msg, patch=patch, target=patch.target)
+    _validate_kind_fields(patch)
     if not isinstance(patch.when, Predicate):
         msg = (
             f"Patch {patch.name!r}: when={patch.when!r} is not a predicate; "
@@ -136,10 +154,42 @@ def _validate(patch: Patch) -> None:
         raise PatchDefinitionError(msg, patch=patch, target=patch.target)
     if patch.kind == "wrap":
         _validate_wrapper(patch)
-    elif not (callable(patch.replacement) or isinstance(patch.replacement, _DESCRIPTORS)):
+    elif patch.kind == "replace" and not (callable(patch.replacement) or isinstance(patch.replacement, _DESCRIPTORS)):
         msg = (
             f"Patch {patch.name!r}: replacement {patch.replacement!r} is not callable; "
-            "give a function (or a staticmethod, classmethod or property)."
+            "give a function (or a staticmethod, classmethod or property), or, to install a plain value "
+            "(a constant, a flag, a config field), say so with kind='value'."
+        )
+        raise PatchDefinitionError(msg, patch=patch, target=patch.target)
+
+
+def _validate_kind_fields(patch: Patch) -> None:
+    """``create`` is a bool, no wrap creates, ``key`` is given exactly for item patches, and hashable."""
+    if not isinstance(patch.create, bool):
+        msg = f"Patch {patch.name!r}: create must be True or False, got {patch.create!r}."
+        raise PatchDefinitionError(msg, patch=patch, target=patch.target)
+    if patch.create and patch.kind == "wrap":
+        msg = (
+            f"Patch {patch.name!r}: a wrap patch cannot create its attribute (there is nothing to wrap); "
+            "use kind='replace' or kind='value' with create=True."
+        )
+        raise PatchDefinitionError(msg, patch=patch, target=patch.target)
+    if patch.kind == "item":
+        try:
+            hash(patch.key)
+        except TypeError:
+            msg = f"Patch {patch.name!r}: key {patch.key!r} is not hashable; give the mapping key (e.g. a string)."
+            raise PatchDefinitionError(msg, patch=patch, target=patch.target) from None
+        if patch.key is None:
+            msg = (
+                f"Patch {patch.name!r}: kind='item' sets one key of the mapping {str(patch.where)!r}; "
+                "name it with key=..., e.g. Patch(name, 'os:environ', '1', kind='item', key='VLLM_USE_V1')."
+            )
+            raise PatchDefinitionError(msg, patch=patch, target=patch.target)
+    elif patch.key is not None:
+        msg = (
+            f"Patch {patch.name!r}: key={patch.key!r} is for mapping items; use kind='item' "
+            f"(the target {str(patch.where)!r} is then the mapping), or leave key out."
         )
         raise PatchDefinitionError(msg, patch=patch, target=patch.target)
 
@@ -246,6 +296,11 @@ class Installed:
     state: str = "active"
     address: str = ""
 
+    @property
+    def where(self) -> str:
+        """``holder.attr``, or ``mapping['key']`` for a mapping item."""
+        return f"{self.holder}[{self.attr!r}]" if self.kind == "item" else f"{self.holder}.{self.attr}"
+
 
 def entry(layer: Layer, state: str | None = None) -> Installed:
     """An :class:`Installed` copy of one of a registry's installs (its layer).
@@ -260,7 +315,7 @@ def entry(layer: Layer, state: str | None = None) -> Installed:
         patch=patch.name,
         target=str(patch.where),
         holder=site.label,
-        attr=site.attr,
+        attr=site.attr if isinstance(site.attr, str) else repr(site.attr),
         kind=patch.kind,
         count=count,
         since=layer.since,
@@ -346,7 +401,7 @@ class Report:
             f"patch set {self.name!r}{state}: {self.installed} newly installed, {self.held} held, "
             f"{len(self.skipped)} skipped"
         ]
-        lines += [f"  {e.state:<8} {e.patch:<24} {e.holder}.{e.attr} (count {e.count})" for e in self.entries]
+        lines += [f"  {e.state:<8} {e.patch:<24} {e.where} (count {e.count})" for e in self.entries]
         lines += [f"  pending  {name:<24} installed when its module is imported" for name in self.pending]
         lines += [f"  skipped  {name:<24} {reason}" for name, reason in self.skipped]
         lines += [f"  {'verified' if d.ok else 'review':<8} {name:<24} {d.text}" for name, d in self.drift]

@@ -19,10 +19,21 @@ from patchreg import _explain, _lazy
 from patchreg._checks import check_release, report_skips, to_release
 from patchreg._context import Patched, decorate
 from patchreg._explain import Explanation
-from patchreg._plans import SEEN_MAX, Plan, Trace, Work, apply_planned, generation, plan_key, plannable, resolve_all
+from patchreg._plans import (
+    SEEN_MAX,
+    Plan,
+    Trace,
+    Work,
+    apply_planned,
+    generation,
+    locate,
+    plan_key,
+    plannable,
+    resolve_all,
+)
 from patchreg._records import Installed, Patch, PatchSet, Report, patches_of
-from patchreg._store import LOCK, REGISTRIES, Checkpoint, Installs, InstallStack, Ledger
-from patchreg._targets import Miss, Site, identity
+from patchreg._store import LOCK, REGISTRIES, Checkpoint, Installs, InstallStack, Ledger, stack_key
+from patchreg._targets import Miss, Site
 from patchreg.exceptions import PatchDefinitionError
 
 __all__ = ["Checkpoint", "Explanation", "Patched", "Registry", "Target", "decorate"]
@@ -184,7 +195,7 @@ class Registry:
             return [s for s in stacks.values() if any(la.patch is patch for la in s.layers)]
         mine = []
         for hit in found:
-            stack = stacks.get((identity(hit.holder), hit.attr))
+            stack = stacks.get(stack_key(patch, hit.holder, hit.attr))
             if stack is not None and stack.ref() is hit.holder:
                 mine.append(stack)
         return mine
@@ -292,5 +303,5 @@ def _hits(patch: Patch, obj: Any) -> list[Site] | None:
     """The selector's holders on ``obj`` (None: every holder of the patch)."""
     if patch.is_global or obj is None:
         return None
-    found = patch.where.resolve(obj)
+    found = locate(patch, obj)
     return [] if isinstance(found, Miss) else found

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from patchreg._checks import check_compatible, check_release, to_release
-from patchreg._namespace import ABSENT, build, holder_kind, label, put_back, write
+from patchreg._namespace import ABSENT, build, holder_kind, label, put_back, same, write
 from patchreg._targets import identity
 from patchreg.exceptions import PatchOwnershipError, UnpatchableTargetError
 
@@ -37,6 +37,7 @@ __all__ = [
     "Ledger",
     "WeakOriginal",
     "originals",
+    "stack_key",
     "top_owner",
 ]
 
@@ -104,8 +105,9 @@ class Layer:
     def owns(self, current: Any) -> bool:
         """True when ``current`` is the very object this layer installed."""
         installed: Any = self.installed
-        if self.stack.kind != "instance":
-            return current is installed
+        kind = self.stack.kind
+        if kind != "instance":
+            return current is installed or (kind == "item" and same(kind, current, installed))
         if type(installed) is Ref:
             mine = installed()  # None once what was installed is gone: then nothing there is ours
             return mine is not None and mine is current
@@ -115,7 +117,7 @@ class Layer:
         """True when releasing this layer (the top one) restores exactly: ``current`` is what it installed,
         or the original is already there (someone else put it back or removed the attribute it added, or
         a write of ours stored and then raised, or raised before storing)."""
-        return self.owns(current) or current is self.displaced()
+        return self.owns(current) or same(self.stack.kind, current, self.displaced())
 
 
 class WeakOriginal:
@@ -146,18 +148,51 @@ def weak_or_id(installed: Any) -> Any:
         return identity(installed)
 
 
+def stack_key(patch: Patch, holder: Any, attr: Any) -> tuple[int, Any]:
+    """The key of the stack ``patch`` installs on: ``(holder, attribute)``, or ``(mapping, ("[]", key))`` for an item."""
+    return (identity(holder), ("[]", attr) if patch.kind == "item" else attr)
+
+
+class _Strong:
+    """A strong reference with a weak reference's call: for a mapping (a dict) that has no weak references."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __call__(self) -> Any:
+        return self.obj
+
+
 class InstallStack:
-    """One attribute on one holder (held weakly), and one registry's layers on it (bottom first)."""
+    """One attribute on one holder (held weakly), or one key of a mapping, and one registry's layers on it.
 
-    __slots__ = ("attr", "dependents", "key", "kind", "layers", "path", "ref")
+    ``kind``: ``"module"``, ``"class"``, ``"instance"`` or ``"item"``; layers bottom first. A mapping
+    that cannot be weakly referenced (a dict) is held strongly while the stack lives.
+    """
 
-    def __init__(self, holder: Any, attr: str, kind: str, on_death: Callable[[Any], None]) -> None:
-        self.ref = weakref.ref(holder, on_death)
+    __slots__ = ("attr", "dependents", "key", "kind", "layers", "path", "ref", "title")
+
+    def __init__(
+        self,
+        holder: Any,
+        attr: Any,
+        kind: str,
+        on_death: Callable[[Any], None],
+        key: tuple[int, Any] | None = None,
+        title: str | None = None,
+    ) -> None:
+        try:
+            self.ref: Callable[[], Any] = weakref.ref(holder, on_death)
+        except TypeError:
+            self.ref = _Strong(holder)
         self.attr = attr
         self.kind = kind
         #: an instance's path from the object its first apply was given (``model.mtp.layers[0]``), once named
         self.path: str | None = None
-        self.key = (identity(holder), attr)
+        self.key = (identity(holder), attr) if key is None else key
+        self.title = title  # how an item's mapping is named (its import path), else the holder's label
         self.layers: list[Layer] = []
         #: our layers that others depend on: {our layer: the layers over it}; None when there are none. Over it:
         #: another registry's layer on this attribute, or a wrap (any registry's) of this class attribute
@@ -166,7 +201,10 @@ class InstallStack:
 
     @property
     def label(self) -> str:
-        """How reports and messages name the holder: its path from the object passed, else :func:`label`."""
+        """How reports and messages name the holder: an item's mapping by its title, an instance by its path
+        from the object passed (once named), else :func:`label`."""
+        if self.title is not None:
+            return self.title
         if self.path is not None:
             return self.path
         holder = self.ref()
@@ -174,13 +212,24 @@ class InstallStack:
 
     @property
     def address(self) -> str:
-        """The holder's type and address (an instance) or dotted name: tells two holders apart."""
+        """The holder's type and address (an instance), dotted name, or an item mapping's title: tells holders apart."""
+        if self.title is not None:
+            return self.title
         holder = self.ref()
         return "<dead object>" if holder is None else label(holder)
 
+    @property
+    def where(self) -> str:
+        """``holder.attr`` (``mapping['key']`` for an item), as messages name it."""
+        return f"{self.label}[{self.attr!r}]" if self.kind == "item" else f"{self.label}.{self.attr}"
+
     def current(self) -> Any:
         holder = self.ref()
-        return ABSENT if holder is None else vars(holder).get(self.attr, ABSENT)
+        if holder is None:
+            return ABSENT
+        if self.kind == "item":
+            return holder.get(self.attr, ABSENT)
+        return vars(holder).get(self.attr, ABSENT)
 
 
 class Ledger:
@@ -261,13 +310,18 @@ class Installs:
 
     def take(self, patch: Patch, holder: Any, attr: str, ledger: Ledger, now: float) -> int:
         """Count a user of ``patch`` on ``holder.attr``, installing it if it is the first; 1 if installed."""
-        key = (identity(holder), attr)
+        key = stack_key(patch, holder, attr)
         stack = self.stacks.get(key)
         if stack is None or stack.ref() is not holder:
             if stack is not None:
                 self.drop(key)
             # the death callback only records: it may run inside a locked section (gc); purge drops the stack
-            stack = self.stacks[key] = InstallStack(holder, attr, holder_kind(holder), self.dead.append)
+            if patch.kind == "item":
+                title = str(patch.where) if patch.is_global else None
+                stack = InstallStack(holder, attr, "item", self.dead.append, key, title)
+            else:
+                stack = InstallStack(holder, attr, holder_kind(holder), self.dead.append)
+            self.stacks[key] = stack
             if stack.kind == "instance":
                 self.unnamed.append(stack)
         elif stack.layers:
@@ -287,28 +341,26 @@ class Installs:
             check_compatible(patch, stack, below[2].patch, f" (in registry {below[0].name!r})")
         wrapped = inherited_layer(stack, holder) if patch.kind == "wrap" and original is ABSENT else None
         kind, attr = stack.kind, stack.attr
-        value = build(patch.replacement, patch.kind == "wrap", kind, holder, attr, original)
+        value = build(patch.replacement, patch.kind, kind, holder, attr, original)
         layer = Layer(patch, stack, value, now, original)
         stack.layers.append(layer)  # recorded before the write: if the write raises after storing, a release restores
         ledger.layers.append(layer)
         try:
             write(kind, holder, attr, value)
         except (TypeError, AttributeError) as exc:
-            if stack.current() is original:  # nothing was stored: forget the layer
+            if same(kind, stack.current(), original):  # nothing was stored: forget the layer
                 stack.layers.pop()
                 ledger.layers.pop()
-            msg = (
-                f"Cannot set {stack.label}.{attr} for patch {patch.name!r}: {exc}. Patch the code that uses it instead."
-            )
+            msg = f"Cannot set {stack.where} for patch {patch.name!r}: {exc}. Patch the code that uses it instead."
             raise UnpatchableTargetError(msg, patch=patch, target=patch.target) from exc
         stored = stack.current()
-        if stored is not value:  # a __setattr__ (a metaclass's, a module's) stored something else
+        if not same(kind, stored, value):  # a __setattr__ (a metaclass's, a module's) stored something else
             put_back(kind, holder, attr, original, raw=True)
-            if stack.current() is original:
+            if same(kind, stack.current(), original):
                 stack.layers.pop()
                 ledger.layers.pop()
             msg = (
-                f"Cannot patch {stack.label}.{attr} (patch {patch.name!r}): setting it stored {stored!r} instead "
+                f"Cannot patch {stack.where} (patch {patch.name!r}): setting it stored {stored!r} instead "
                 "of the replacement (a custom __setattr__), so patchreg could not tell its install from someone "
                 "else's or restore exactly. Nothing was changed; patch the code that uses it instead."
             )
@@ -318,7 +370,7 @@ class Installs:
         if wrapped is not None:  # the wrap calls that layer's install: its revert must wait for ours
             depend(*wrapped, layer)
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("patchreg: installed %s on %s.%s", patch.name, stack.label, attr)
+            log.debug("patchreg: installed %s on %s", patch.name, stack.where)
 
     def foreign_top(
         self, key: tuple[int, str], layers: list[Layer], holder: Any, current: Any
@@ -415,16 +467,18 @@ def uninstall(layer: Layer, debug: bool = False) -> None:
     holder = stack.ref()
     original = layer.displaced()
     if original is GONE:  # releasable() said current is ours, which keeps the original alive: cannot happen
-        msg = f"patchreg lost the original of {stack.label}.{stack.attr} (patch {layer.patch.name!r})."
+        msg = f"patchreg lost the original of {stack.where} (patch {layer.patch.name!r})."
         raise PatchOwnershipError(msg, patch=layer.patch, target=layer.patch.target)
-    if stack.current() is not original:  # already there (put back by someone, or a write that raised): no write
+    if not same(stack.kind, stack.current(), original):  # already there (put back by someone, ...): no write
         put_back(stack.kind, holder, stack.attr, original)
-        if stack.current() is not original:  # a __setattr__ (a metaclass's, a module's) stored something else
+        if not same(
+            stack.kind, stack.current(), original
+        ):  # a __setattr__ (a metaclass's, a module's) stored something else
             put_back(stack.kind, holder, stack.attr, original, raw=True)
     stack.layers.pop()  # after the restore: an interrupt loses nothing
     layer.original = None
     if debug:
-        log.debug("patchreg: restored %s.%s (%s)", stack.label, stack.attr, layer.patch.name)
+        log.debug("patchreg: restored %s (%s)", stack.where, layer.patch.name)
 
 
 def cancel(installs: Installs, pendings: Iterable[Pending]) -> None:

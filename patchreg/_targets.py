@@ -103,8 +103,11 @@ class ImportPath:
             return False, None, f"{self} raised {exc.__class__.__name__}: {exc}"
         return True, value, f"{self} exists (served by __getattr__, not stored)"
 
-    def resolve(self, obj: Any = None) -> list[Site] | Miss:
-        """Import the module and walk to the holder; ``obj`` is ignored (import paths are global)."""
+    def resolve(self, obj: Any = None, *, create: bool = False) -> list[Site] | Miss:
+        """Import the module and walk to the holder; ``obj`` is ignored (import paths are global).
+
+        ``create``: an attribute the holder does not store is a site too (an install creates it).
+        """
         holder = self.locate()
         if isinstance(holder, Miss):
             return holder
@@ -115,7 +118,7 @@ class ImportPath:
             )
             raise UnpatchableTargetError(msg, target=str(self))
         attr = self.parts[-1]
-        if not any(attr in ns for ns in namespaces(holder)):
+        if not create and not any(attr in ns for ns in namespaces(holder)):
             return Miss(self._not_stored(holder, attr))
         return [Site(holder, attr)]
 
@@ -246,8 +249,12 @@ class Selector:
                 found.setdefault(identity(holder), where)
         return found
 
-    def resolve(self, obj: Any) -> list[Site] | Miss:
-        """Every (holder, attribute) the selector names on ``obj``; a Miss says why there is none."""
+    def resolve(self, obj: Any, *, create: bool = False) -> list[Site] | Miss:
+        """Every (holder, attribute) the selector names on ``obj``; a Miss says why there is none.
+
+        ``create``: the last name need not exist on the holders the rest of the path finds (on ``obj``
+        itself for a one-name selector); an install creates it.
+        """
         if isinstance(obj, (list, tuple)):
             chunks = obj
             for chunk in chunks:
@@ -257,7 +264,7 @@ class Selector:
             chunks = (obj,)
         sites: list[Site] = []
         for chunk in chunks:
-            found = self._fast(chunk)
+            found = self._fast(chunk) or (self._created(chunk) if create else None)
             if found:
                 sites.extend(found)
         if sites:
@@ -297,6 +304,30 @@ class Selector:
             if value is _UNSET and not _has_attr(holder, attr):
                 return None
         return [Site(holder, attr) for holder in holders]
+
+    def _created(self, obj: Any) -> list[Site] | None:
+        """The sites on one chunk when the last name may be absent (``create``), or None on a miss."""
+        steps = self._steps
+        if len(steps) == 1:
+            if steps[0].indices:
+                return None
+            _check_instance(obj, self.path)
+            return [Site(obj, steps[0].name)]
+        names = [*self.path.split(".")[:-2], steps[-2].name]  # the path to the holders, their indices below
+        parent = Selector(".".join(names), self.unwrap)
+        found = parent._fast(obj)
+        if not found:
+            return None
+        holders: list[Any] = []
+        for holder, name in found:
+            items = [getattr(holder, name)]
+            for index in steps[-2].indices:  # "layers[*].flag": the elements are the holders
+                items = _select(items, index)
+            holders.extend(items)
+        attr = steps[-1].name
+        if not holders or steps[-1].indices or any(isinstance(h, _NOT_INSTANCES) for h in holders):
+            return None
+        return [Site(h, attr) for h in holders]
 
     def _explain(self, obj: Any) -> str:
         """Why the selector finds nothing on ``obj`` (the slow path, with dotted locations)."""

@@ -38,7 +38,7 @@ def _snapshot() -> tuple[dict[tuple[str, ...], int], dict[tuple[str, ...], tuple
     for e in default_registry.active():
         key = (e.patch, e.target) if ":" in e.target else (e.patch, e.holder, e.attr)
         snap[key] = snap.get(key, 0) + max(e.count, 1)
-        where = f"{e.holder}.{e.attr}" if e.holder else e.target
+        where = e.where if e.holder else e.target
         labels[key] = (f"{e.patch} on {where}", e.state)
     return snap, labels
 

@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def demo() -> subprocess.CompletedProcess[str]:
     """One run of the demo, shared by the tests of this module."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu", "PYTHONWARNINGS": ""}
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}  # set by other tests
+    env |= {"HF_HUB_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu", "PYTHONWARNINGS": ""}
     return subprocess.run(
         [sys.executable, str(ROOT / "examples" / "ppo_step.py")],
         capture_output=True,

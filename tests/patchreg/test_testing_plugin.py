@@ -80,6 +80,37 @@ def test_after():
     )
 
 
+def test_leak_guard_catches_a_leaked_environ_item_and_value(pytester: pytest.Pytester) -> None:
+    """A test leaving an os.environ item and a value patch active errors naming both; both are reverted."""
+    pytester.makepyfile(
+        HEADER
+        + '''
+import os
+
+FLAG = False
+ENV = Patch("env", "os:environ", "1", kind="item", key="PATCHREG_PLUGIN_LEAK", create=True)
+ON = Patch("on", f"{__name__}:FLAG", True, kind="value")
+
+def test_leaks():
+    """Forgets to revert."""
+    patchreg.apply(ENV)
+    patchreg.apply(ON)
+
+def test_after():
+    """Runs with both reverted."""
+    assert "PATCHREG_PLUGIN_LEAK" not in os.environ and FLAG is False
+'''
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*test left patches active in patchreg.registry: env on os:environ[[]'PATCHREG_PLUGIN_LEAK'[]] (active, count 1);"
+            " on on test_leak_guard_catches*.FLAG (active, count 1).*"
+        ]
+    )
+
+
 def test_leak_guard_accepts_tests_that_revert(pytester: pytest.Pytester) -> None:
     """Tests that use patched(), or apply then revert, pass without a leak report."""
     pytester.makepyfile(

@@ -92,3 +92,7 @@ CONSTANT = 41
 
 #: An instance reached by an import path (import paths patch modules and classes, not instances).
 LEAF = Leaf("module-level")
+
+HANDLER = object()
+#: a registry dict, for mapping-item patches
+TABLE: dict[str, object] = {"k": HANDLER}

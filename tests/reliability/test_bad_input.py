@@ -90,7 +90,13 @@ CASES = [
     Case("replacement-int", lambda r, o: P("p", "fw", 42), D, "replacement 42", "give a function"),  # type: ignore[arg-type]
     Case("wrapper-wrong-arity", lambda r, o: P("p", "fw", lambda x: x, kind="wrap"), D, "<lambda>", "kind='replace'"),
     Case("wrapper-not-callable", lambda r, o: P("p", "fw", 42, kind="wrap"), D, "got 42", "(wrapped, instance"),  # type: ignore[arg-type]
-    Case("kind-unknown", lambda r, o: P("p", "fw", f, kind="bogus"), D, "'bogus'", "use 'replace' or 'wrap'"),  # type: ignore[arg-type]
+    Case(
+        "kind-unknown",
+        lambda r, o: P("p", "fw", f, kind="bogus"),
+        D,
+        "'bogus'",
+        "use 'replace', 'wrap', 'value' or 'item'",
+    ),  # type: ignore[arg-type]
     Case("doc-not-string", lambda r, o: P("p", "fw", f, doc=3), D, "got 3", "must be a string"),  # type: ignore[arg-type]
     # predicates and version specifiers
     Case("when-string", lambda r, o: P("p", "fw", f, when="always"), D, "when='always'", "use requires()"),  # type: ignore[arg-type]

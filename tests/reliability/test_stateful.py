@@ -49,6 +49,7 @@ from tests.reliability import targets
 from tests.reliability.helpers import FIGURES, Namespaces, plain, tagging
 
 T = "tests.reliability.targets"
+ENV_KEY = "PATCHREG_STATEFUL_ENV"
 
 
 def _settings(examples: int, steps: int) -> settings:
@@ -81,6 +82,13 @@ PATCHES = {
         (Patch("c-backward", "backward", plain("c-backward")), "Leaf.backward"),
         (Patch("d-method", f"{T}:Child.method", plain("d-method")), "Child.method"),
         (Patch("d-func", f"{T}:module_func", plain("d-func")), "targets.module_func"),
+        # the value, create and mapping-item kinds: a module constant, an attribute absent before, items
+        (Patch("e-const", f"{T}:CONSTANT", 42, kind="value"), "targets.CONSTANT"),
+        (Patch("e-env", "os:environ", "1", kind="item", key=ENV_KEY, create=True), f"os:environ.{ENV_KEY}"),
+        (Patch("e-table", f"{T}:TABLE", "e", kind="item", key="k"), "targets:TABLE.k"),
+        (Patch("e-fresh", "fresh", "v", kind="value", create=True), "Leaf.fresh"),
+        (Patch("f-table", f"{T}:TABLE", "f", kind="item", key="k"), "targets:TABLE.k"),
+        (Patch("f-table-new", f"{T}:TABLE", "f", kind="item", key="new", create=True), "targets:TABLE.new"),
     ]
 }
 
@@ -94,6 +102,8 @@ SETS = [
     _set("B", "b-func-wrap", "b-inherited", "b-klass", "b-forward-wrap"),
     _set("C", "c-prop", "a-static", "c-forward-wrap", "c-backward"),  # shares a-static with A
     _set("D", "d-method", "d-func"),  # conflicts with A (method) and with the wraps on module_func
+    _set("E", "e-const", "e-env", "e-table", "e-fresh"),  # value, item, create
+    _set("F", "f-table", "f-table-new", "e-env"),  # shares e-env with E, conflicts with it on TABLE['k']
 ]
 
 Model = dict[str, list[list[Any]]]  # site -> [[patch name, count], ...] bottom first
@@ -157,7 +167,7 @@ class RegistryMachine(RuleBasedStateMachine):
             layer = next((la for la in stack if la[0] == patch.name), None)
             if layer is not None:
                 layer[1] += 1
-            elif patch.kind == "replace" and stack:
+            elif patch.kind != "wrap" and stack:  # replace, value and item patches conflict with anything there
                 self.model = saved
                 return None
             else:
@@ -268,6 +278,8 @@ class RegistryMachine(RuleBasedStateMachine):
         if not self.model:
             self.spaces.check()
             assert targets.module_func(1) == 2 and self.leaf.forward(1) == ("leaf", 1)
+            assert targets.TABLE == {"k": targets.HANDLER} and targets.TABLE["k"] is targets.HANDLER
+            assert ENV_KEY not in os.environ
 
     def teardown(self) -> None:
         self.reg.revert_all()
@@ -384,7 +396,7 @@ class LayerModel(RuleBasedStateMachine):
                 shared.append(own)
                 taken.append(own)
                 continue
-            if patch.kind == "replace" and stack:
+            if patch.kind != "wrap" and stack:  # replace, value and item patches
                 # two replaces on one attribute conflict, as does a replace over a wrap; the same
                 # patch over the other registry's install of it stacks
                 if any(la.reg == reg for la in stack):
