@@ -17,6 +17,8 @@ class Check:
 
     @property
     def result(self) -> str:
+        if self.ok is None and self.target == "-":
+            return "information"
         return {True: "pass", False: "**miss**", None: "not measured"}[self.ok]
 
 

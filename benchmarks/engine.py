@@ -29,21 +29,27 @@ SCALE_SET = PatchSet(
 
 def per_target(
     label: str, cycles: dict[int, tuple[Callable[[], object], int]], settings: Settings
-) -> tuple[list[tuple[str, ...]], float]:
-    """Time every ``(cycle, targets)`` of a series, interleaved; rows and the max/min of the per-target medians."""
+) -> tuple[list[tuple[str, ...]], float, float]:
+    """Time every ``(cycle, targets)`` of a series, interleaved: rows, the max/min of the per-target medians, and
+    the max/min of the cost per further target (issue 6 as decided in issue 17: flat within 1.5x)."""
     variants = {str(n): looped(op) for n, (op, _targets) in cycles.items()}
     numbers = {str(n): max(2, settings.scale_ops // targets) for n, (_op, targets) in cycles.items()}
     stats = compare(variants, number=numbers, repeat=settings.repeat).stats
-    rows, medians = [], []
+    rows, medians, further = [], [], []
     first_n, first_targets = next(iter(cycles)), next(iter(cycles.values()))[1]
     for n, (_op, targets) in cycles.items():
         cycle = stats[str(n)]
         per = Stats(cycle.median / targets, cycle.min / targets, cycle.max / targets, cycle.samples)
         medians.append(per.median)
         extra = targets - first_targets  # each further target's cost: the block's fixed cost taken out
-        added = f"{(cycle.median - stats[str(first_n)].median) / extra / 1e3:.2f} µs" if extra else "-"
-        rows.append((label, str(n), str(targets), cycle.us(), per.us(), added))
-    return rows, max(medians) / min(medians)
+        cost = (cycle.median - stats[str(first_n)].median) / extra if extra else None
+        if cost is not None and cost > 0:
+            further.append(cost)
+        rows.append(
+            (label, str(n), str(targets), cycle.us(), per.us(), "-" if cost is None else f"{cost / 1e3:.2f} µs")
+        )
+    flat = max(further) / min(further) if further else float("nan")
+    return rows, max(medians) / min(medians), flat
 
 
 def tree_scaling(settings: Settings) -> tuple[list[tuple[str, ...]], float]:
@@ -57,7 +63,7 @@ def tree_scaling(settings: Settings) -> tuple[list[tuple[str, ...]], float]:
             registry.revert(registry.apply(SCALE_SET, tree))
 
         cycles[n] = (op, n)
-    rows, spread = per_target("nn.Module tree, one selector patch", cycles, settings)
+    rows, spread, _flat = per_target("nn.Module tree, one selector patch", cycles, settings)
     assert not registry.active(), "the scaling benchmark left patches installed"
     return rows, spread
 

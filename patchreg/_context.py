@@ -48,9 +48,12 @@ class Patched(Generic[T]):
         self.target = target
         self.obj = obj
         self.strict = strict
-        self._stacks: dict[int, list[tuple[Report, T]]] = {}  # per thread (get_ident); cheaper than a local
-        self._used = False  # entered at least once: an exit with nothing open is then a no-op
-        self._one_call = False  # made by a decorated function for one call: its one enter may exit elsewhere
+
+    #: the enters not exited yet, in order, as (thread, report, value): each thread exits its own last one.
+    #: None until the first enter (a block made per step allocates one list and one tuple); after it, an exit
+    #: with nothing open is a no-op
+    _open: list[tuple[int, Report, T]] | None = None
+    _one_call = False  # made by a decorated function for one call: its one enter may exit elsewhere
 
     def open(self) -> tuple[Report, T]:
         """Apply for one enter: ``(the report the exit reverts, what the with statement binds)``."""
@@ -67,46 +70,50 @@ class Patched(Generic[T]):
     @property
     def open_count(self) -> int:
         """How many enters of this block are not exited yet, on every thread."""
-        return sum(len(stack) for stack in list(self._stacks.values()))
+        return len(self._open or ())
 
     def __enter__(self) -> T:
         report, value = self.open()
-        self._used = True
-        self._stacks.setdefault(_thread(), []).append((report, value))  # each thread touches only its own stack
+        entered = self._open
+        if entered is None:
+            entered = self._open = []
+        entered.append((_thread(), report, value))  # list.append: atomic, whichever thread enters
         return value
 
     def __exit__(self, *exc: object) -> None:
         key = _thread()
-        stack = self._stacks.get(key)
-        if not stack:
-            owner = self._misused(key)
-            if owner is None:
-                return
-            key, stack = owner, self._stacks[owner]
-        report, value = stack[-1]  # the innermost enter of this thread
-        self.registry.revert(report)  # if this raises, the entry stays so that the exit can be retried
-        stack.pop()
-        if not stack:
-            del self._stacks[key]
-        self.close(value)
+        entered = self._open
+        if entered:
+            for i in range(len(entered) - 1, -1, -1):  # this thread's innermost enter: the last one, as a rule
+                entry = entered[i]
+                if entry[0] == key:
+                    break
+            else:
+                entry = self._misused(key, entered)
+        else:
+            if entered is not None:
+                return  # a second exit: nothing is open, nothing to do (as mock's)
+            entry = self._misused(key, [])
+        self.registry.revert(entry[1])  # if this raises, the entry stays so that the exit can be retried
+        entered.remove(entry)  # type: ignore[union-attr]  # by identity (the first equal is this very tuple)
+        self.close(entry[2])
 
-    def _misused(self, thread: int) -> int | None:
-        """An exit on ``thread``, which has nothing open here: whose enter it exits (None: a no-op), or refuse."""
-        others = [(k, s) for k, s in list(self._stacks.items()) if s]
-        if not others:
-            if self._used:
-                return None  # a second exit: nothing to do
+    def _misused(self, thread: int, entered: list[tuple[int, Report, T]]) -> tuple[int, Report, T]:
+        """An exit on ``thread``, which has nothing open here while ``entered`` is open elsewhere: whose enter
+        it exits (a decorated generator's one enter, finished on another thread), or a refusal."""
+        if self._open is None:
             msg = (
                 f"{self!r} was exited without being entered; use it as 'with {self!r}:' (or as a decorator), "
                 "which enters it first. Nothing was changed."
             )
             raise PatchError(msg, target=self._name())
-        if self._one_call and len(others) == 1 and len(others[0][1]) == 1:
-            return others[0][0]  # a decorated generator or coroutine finished on another thread than it began
+        if self._one_call and len(entered) == 1:
+            return entered[0]  # a decorated generator or coroutine finished on another thread than it began
         msg = (
             f"{self!r} was exited on thread {thread}, which did not enter it; it is open on thread(s) "
-            f"{sorted(k for k, _s in others)}. Exit a block on the thread that entered it, or revert the report "
-            "its enter returned with registry.revert(report), which works from any thread. Nothing was changed."
+            f"{sorted({k for k, _r, _v in entered})}. Exit a block on the thread that entered it, or revert the "
+            "report its enter returned with registry.revert(report), which works from any thread. Nothing was "
+            "changed."
         )
         raise PatchError(msg, target=self._name())
 

@@ -73,8 +73,8 @@ def install_on_import(installs: Installs, pending: Pending, module: Any) -> None
             installs.pending.remove(pending)
             pending.state = "skipped: " + skipped[0][1] if skipped else "installed"
             ledger = pending.ledger
-            ledger.skipped = (*ledger.skipped, *skipped)  # the apply's report says so too
-            taken = Ledger(ledger.owner, ledger.name)
+            ledger.skips = (*ledger.skips, *skipped)  # the apply's report says so too
+            taken = Ledger(ledger.owner, ledger.set_name)
             installs.take_all(work, taken)  # a failure releases only what this patch took, not the user's others
             ledger.layers.extend(taken.layers)
     except Exception as exc:  # never break the user's import statement

@@ -41,7 +41,7 @@ log = logging.getLogger("patchreg")
 
 #: ``(reads, walks)``: reads are ``(holder ref or None for the previous read's value, holder type, name,
 #: mapping name or None, value ref)``; walks are
-#: ``(container ref, container type, by values, element refs)``.
+#: ``(container ref, container type, how it is walked (_ITER, _VALUES, _MODULES), element refs)``.
 Guards = tuple[tuple[tuple[Any, ...], ...], tuple[tuple[Any, ...], ...]]
 #: One unit of an apply: (patch, holder, attribute).
 Work = tuple[Patch, Any, str]
@@ -52,6 +52,7 @@ _PLAIN, _METHOD = 1, 2
 _MethodType = types.MethodType  # a planned instance install: the replacement itself, or bound to the holder
 _Ref = weakref.ReferenceType
 _new = object.__new__
+_NO_WAITING: list[Any] = []  # a planned apply has no lazy patches (never appended to: wait_for_import rebinds)
 generation = [0]  # bumped by refresh(): plans made before hold stale predicate answers
 
 
@@ -152,6 +153,7 @@ class Plan:
         items: list[tuple[Patch, str | None, tuple[tuple[InstallStack, type, Any, int], ...] | None]] = []
         reads: list[tuple[Any, ...]] = []
         walks: list[tuple[Any, ...]] = []
+        guards: list[Guards] = []
         for patch, reason, traced in traces:
             entries: list[tuple[InstallStack, type, Any, int]] | None = None
             if traced is not None:
@@ -164,7 +166,8 @@ class Plan:
                         entries = None
                         break
                     entries.append((stack, kind, seen, _bind_mode(patch, stack, holder)))
-            if entries is not None:
+            if entries is not None and traced[1] not in guards:  # type: ignore[index]  # one path, one guard
+                guards.append(traced[1])  # type: ignore[index]
                 reads.extend(traced[1][0])  # type: ignore[index]
                 walks.extend(traced[1][1])  # type: ignore[index]
             items.append((patch, reason, None if entries is None else tuple(entries)))
@@ -284,7 +287,9 @@ def apply_planned(owner: Owner, installs: Installs, plan: Plan, strict: bool, wa
         return None
     if plan.skipped and (strict or warn):
         report_skips(plan.name, list(plan.skipped), strict, [p for p, _r, _e in plan.items])
-    ledger = Ledger(owner, plan.name, plan.skipped)
+    ledger = _new(Ledger)  # Ledger(owner, plan.name, plan.skipped), inline
+    ledger.owner, ledger.set_name, ledger.skips, ledger.layers = owner, plan.name, plan.skipped, []
+    ledger.waiting, ledger.released, ledger.unwound = _NO_WAITING, False, 0
     layers = ledger.layers
     installed = 0
     LOCK.acquire()  # acquire/release: a third of what a with statement costs here
@@ -326,7 +331,7 @@ def apply_planned(owner: Owner, installs: Installs, plan: Plan, strict: bool, wa
             raise
     finally:
         LOCK.release()
-    ledger.installed = installed
+    ledger.new_installs = installed
     return ledger
 
 
@@ -446,8 +451,8 @@ def guard_check(guards: Guards) -> Callable[[], bool]:
         return _always
     last = reads[-1][4]() if reads else None
     walks = tuple(
-        (None if last is not None and cref() is last else cref, cls, by_values, snapshot)
-        for cref, cls, by_values, snapshot in walks
+        (None if last is not None and cref() is last else cref, cls, how, snapshot)
+        for cref, cls, how, snapshot in walks
     )
     is_ = operator.is_
 
@@ -468,12 +473,15 @@ def guard_check(guards: Guards) -> Callable[[], bool]:
             value = vref()
             if found is None or found is not value:
                 return False
-        for cref, cls, by_values, snapshot in walks:
+        for cref, cls, how, snapshot in walks:
             container = value if cref is None else cref()
             if container is None or type(container) is not cls:
                 return False
             try:  # iter(): no __len__ call (list() would take it as a hint)
-                elements = list(container.values()) if by_values else list(iter(container))
+                if how == _MODULES:
+                    elements = list(container.__dict__["_modules"].values())
+                else:
+                    elements = list(container.values()) if how else list(iter(container))
             except Exception:  # a container's own code: any failure means resolve again
                 return False
             if len(elements) != len(snapshot):
@@ -531,6 +539,27 @@ def _traced_get(holder: Any, name: str, reads: list[tuple[Any, ...]]) -> Any:
     return value
 
 
+_ITER, _VALUES, _MODULES = 0, 1, 2  # how a guard walks a container: iter(), .values(), its _modules dict's values
+#: torch's containers whose iteration (or .values()) is exactly their ``_modules`` dict's values
+_MODULE_CONTAINERS = {
+    ("ModuleList.__iter__", False),
+    ("Sequential.__iter__", False),
+    ("ModuleDict.values", True),
+}
+
+
+def _walks_modules(value: Any, by_values: bool, elements: list[Any]) -> bool:
+    """Whether ``value`` is a torch container whose walk is its ``_modules`` dict's values (a guard reads that
+    dict, a C-level walk, instead of calling the container's Python ``__iter__``)."""
+    fn = getattr(type(value), "values" if by_values else "__iter__", None)
+    if (getattr(fn, "__qualname__", None), by_values) not in _MODULE_CONTAINERS:
+        return False
+    if getattr(fn, "__module__", None) != "torch.nn.modules.container":
+        return False
+    modules = vars(value).get("_modules")
+    return type(modules) is dict and all(map(operator.is_, modules.values(), elements))
+
+
 def _traced_select(items: list[Any], index: str, walks: list[tuple[Any, ...]]) -> list[Any] | None:
     """:func:`_select` over weakly referenceable containers and elements, recording each walk.
 
@@ -548,7 +577,8 @@ def _traced_select(items: list[Any], index: str, walks: list[tuple[Any, ...]]) -
         cref, snapshot = _weak(value), tuple(_weak(e) for e in elements)
         if cref is None or None in snapshot:
             return None
-        walks.append((cref, type(value), by_values, snapshot))
+        how = _MODULES if _walks_modules(value, by_values, elements) else _VALUES if by_values else _ITER
+        walks.append((cref, type(value), how, snapshot))
         if index == "*":
             selected.extend(elements)
             continue

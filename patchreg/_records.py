@@ -7,16 +7,18 @@ import inspect
 import re
 import weakref
 from collections.abc import Iterable, Iterator
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
 from patchreg._drift import Drift, Verified, drift
 from patchreg._namespace import ABSENT
 from patchreg._predicates import Predicate, always
-from patchreg._store import Layer, Ledger, originals
 from patchreg._targets import ImportPath, Selector, identity, parse_target
 from patchreg.exceptions import PatchDefinitionError
+
+if TYPE_CHECKING:
+    from patchreg._store import Layer
 
 __all__ = ["ABSENT", "Backup", "Installed", "Patch", "PatchSet", "Report", "entry", "patches_of"]
 
@@ -43,7 +45,11 @@ class Backup:
 
     def _pairs(self) -> list[tuple[Any, Any]]:
         patch = self._patch() if self._patch is not None else None
-        return [] if patch is None else originals(patch)
+        if patch is None:
+            return []
+        from patchreg._store import originals  # the store imports this module: read it at call time
+
+        return originals(patch)
 
     def get(self, holder: Any, default: Any = None) -> Any:
         """The most recent original of ``holder`` (``ABSENT`` if it had none), or ``default``."""
@@ -328,29 +334,36 @@ class Report:
     """What one ``apply`` did, and the references it holds until it is reverted (once).
 
     ``installed`` counts new installs, ``skipped`` holds ``(name, reason)`` pairs. It stays
-    readable after the block ends: ``entries`` then show count 0 and state "reverted". It only
-    reads its ledger, which the registry that made it keeps (:class:`patchreg._store.Ledger`).
+    readable after the block ends: ``entries`` then show count 0 and state "reverted". A Report
+    only reads: every one is a :class:`patchreg._store.Ledger`, whose fields the store writes.
     """
 
-    __slots__ = ("_ledger",)
+    __slots__ = ()
 
-    def __init__(self, ledger: Ledger) -> None:
-        self._ledger = ledger
+    # the store's fields (patchreg._store.Ledger), read here
+    owner: Any  # the Registry
+    set_name: str
+    new_installs: int
+    skips: tuple[tuple[str, str], ...]
+    layers: list[Layer]
+    waiting: list[Any]  # its lazy patches (patchreg._lazy.Pending)
+    released: bool
+    unwound: int  # how many layers, from the end, were released (an interrupted release resumes)
 
     @property
     def name(self) -> str:
         """The patch set's name."""
-        return self._ledger.name
+        return self.set_name
 
     @property
     def installed(self) -> int:
         """How many installs this apply made (shared ones count 0)."""
-        return self._ledger.installed
+        return self.new_installs
 
     @property
     def skipped(self) -> tuple[tuple[str, str], ...]:
         """``(patch name, reason)`` for every patch this apply skipped."""
-        return self._ledger.skipped
+        return self.skips
 
     @property
     def entries(self) -> tuple[Installed, ...]:
@@ -359,14 +372,14 @@ class Report:
         One this report released shows count 0 and state "reverted", though another user may still
         hold it; the others show the install's count (0 and "reverted" once its last user let go).
         """
-        ledger = self._ledger
+        ledger = self
         live = len(ledger.layers) - ledger.unwound
         return tuple(entry(la, None if i < live else "reverted") for i, la in enumerate(ledger.layers))
 
     @property
     def pending(self) -> tuple[str, ...]:
         """Names of lazy patches still waiting for their module to be imported."""
-        return tuple(p.patch.name for p in self._ledger.waiting if p.state == "pending")
+        return tuple(p.patch.name for p in self.waiting if p.state == "pending")
 
     @property
     def held(self) -> int:
@@ -374,7 +387,7 @@ class Report:
 
         An install released otherwise (``revert(patch)``, ``revert_all()``: its count is 0) is not held.
         """
-        ledger = self._ledger
+        ledger = self
         if ledger.released:
             return 0
         return sum(1 for la in ledger.layers[: len(ledger.layers) - ledger.unwound] if la.count > 0)
@@ -385,7 +398,7 @@ class Report:
 
         A report that took nothing (every patch skipped) is reverted only through itself.
         """
-        ledger = self._ledger
+        ledger = self
         if ledger.released:
             return True
         if self.held or self.pending:
@@ -415,7 +428,7 @@ class Report:
         to review the patch (it is installed all the same).
         """
         seen: dict[str, Drift] = {}
-        for layer in self._ledger.layers:
+        for layer in self.layers:
             patch = layer.patch
             if patch.verified is not None and patch.name not in seen:
                 seen[patch.name] = drift(patch.verified, patch)

@@ -100,7 +100,7 @@ class Registry:
                         installs.record(ledger)
                     if installs.unnamed:
                         _explain.name_stacks(installs, obj)
-                    return Report(ledger)
+                    return ledger
         name, patches = patches_of(target)
         waiting = [p for p in patches if p.is_global and p.where.module not in sys.modules] if lazy else []  # type: ignore[union-attr]
         traces: list[Trace] | None = [] if not lazy and self._again(key, target, obj) else None
@@ -116,7 +116,7 @@ class Registry:
             installs.record(ledger)
         if installs.unnamed:
             _explain.name_stacks(installs, obj)
-        return Report(ledger)
+        return ledger
 
     def _again(self, key: tuple[int, ...] | None, target: object, obj: Any) -> bool:
         """Whether this apply should make a plan: only on a second apply of ``target`` on ``obj``.
@@ -152,7 +152,7 @@ class Registry:
         with LOCK:
             if installs.dead:
                 installs.purge()
-            ledger.installed = installs.take_all(work, ledger)
+            ledger.new_installs = installs.take_all(work, ledger)
             if waiting:
                 _lazy.wait_for_import(installs, ledger, waiting)
         return ledger
@@ -166,7 +166,7 @@ class Registry:
         """
         installs = self._installs
         if isinstance(target, Report):
-            ledger = target._ledger
+            ledger: Ledger = target  # type: ignore[assignment]  # every Report is the store's Ledger
             if ledger.owner is not self:
                 msg = f"Report {target!r} came from registry {ledger.owner.name!r}; revert it there."
                 raise PatchDefinitionError(msg, target=target.name)

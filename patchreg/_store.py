@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from patchreg._checks import check_compatible, check_release, to_release
 from patchreg._namespace import ABSENT, build, holder_kind, label, put_back, same, write
+from patchreg._records import Patch, Report
 from patchreg._targets import identity
 from patchreg.exceptions import PatchOwnershipError, UnpatchableTargetError
 
 if TYPE_CHECKING:
     from patchreg._lazy import Pending
-    from patchreg._records import Patch
 
 __all__ = [
     "GONE",
@@ -232,20 +232,24 @@ class InstallStack:
         return vars(holder).get(self.attr, ABSENT)
 
 
-class Ledger:
-    """What one apply took (the state behind a :class:`Report`, which only reads it)."""
+class Ledger(Report):
+    """What one apply took: the :class:`Report` a registry hands out is its ledger.
 
-    __slots__ = ("installed", "layers", "name", "owner", "released", "skipped", "unwound", "waiting")
+    :class:`Report` only reads these fields (its properties); the store, the plans and the lazy
+    hooks write them. One object, not a report wrapping a ledger: an apply allocates it once.
+    """
+
+    __slots__ = ("layers", "new_installs", "owner", "released", "set_name", "skips", "unwound", "waiting")
 
     def __init__(self, owner: Owner, name: str, skipped: tuple[tuple[str, str], ...] = ()) -> None:
         self.owner = owner
-        self.name = name
-        self.skipped = skipped
+        self.set_name = name
+        self.skips = skipped
         self.layers: list[Layer] = []  # the installs this apply took a user of, in order
         self.waiting: list[Pending] = []  # its lazy patches
         self.released = False
         self.unwound = 0  # how many layers, from the end, were released (an interrupted release resumes)
-        self.installed = 0
+        self.new_installs = 0
 
 
 class Checkpoint:
