@@ -25,7 +25,7 @@ import attrs
 from patchreg import __version__
 from patchreg._discovery import KNOWN_MODULES, Discovery, Found, LoadError, discover
 from patchreg._drift import body_fingerprint, drift, resolve
-from patchreg._format import WIDTH, table
+from patchreg._format import WIDTH, table, wrap
 from patchreg._predicates import distributions, provider
 from patchreg._records import Patch
 from patchreg._registry import Registry
@@ -268,7 +268,10 @@ def _write_doctor(rows: Sequence[Diagnosis], errors: Sequence[LoadError], out: T
     bodies = [r for r in rows if r.body]
     if bodies:  # drift: a warning to review, never a failure
         out.write("\nupstream bodies:\n")
-        out.writelines(f"  {'ok' if r.body_ok else 'WARNING'} {r.set}.{r.patch}: {r.body}\n" for r in bodies)
+        for r in bodies:  # wrapped to fit 100 columns (whole in --json)
+            first, *rest = wrap(f"{'ok' if r.body_ok else 'WARNING'} {r.set}.{r.patch}: {r.body}", WIDTH - 6)
+            out.write(f"  {first}\n")
+            out.writelines(f"      {line}\n" for line in rest)
     _write_errors(errors, out)
     ok = sum(r.install for r in rows)
     unneeded = sum(1 for r in rows if not r.install and not r.needed)
