@@ -359,7 +359,10 @@ class mtp_patched(patchreg.Patched[MTPReport]):
     def open(self) -> tuple[patchreg.Report, MTPReport]:
         models = language_models(self.model)
         try:  # the GPTModels themselves: what the selectors find through any wrapper, without the walk
-            report = self.registry.apply(self.patch_set, models[0] if len(models) == 1 else models, strict=self.strict)
+            # a model without MTP layers (a pipeline stage) gets the report's note, not a 'target not found' warning
+            warn = None if any(getattr(m, "mtp", None) is not None for m in models) else False
+            target = models[0] if len(models) == 1 else models
+            report = self.registry.apply(self.patch_set, target, strict=self.strict, warn=warn)
         except PatchConflictError as exc:
             raise self._conflict(exc) from exc
         return report, MTPReport(report, self.detach_encoder, models)
