@@ -265,10 +265,10 @@ def cycles(settings: Settings) -> Section:
         "model discovery, no MTP report); the difference to the first row is the patch set's own per-enter work.",
         "mock, MonkeyPatch and wrapt install the same three replacements on the same three attributes "
         "(the model's `_postprocess`, MTP layer 0's `_get_embeddings` and `_checkpointed_forward`), as the "
-        "issue's x3 peers; the target is checked on those rows."
+        "issue 6's x3 peers (information since issue 17, which checks like for like)."
         + (
             f' Our block installs {installed}, so the rows marked "like for like" run the same peers on just '
-            f"those {installed} attributes ({', '.join(only)}): the fair comparison of equal work."
+            f"those {installed} attributes ({', '.join(only)}): the fair comparison of equal work, and the rows checked."
             if installed < len(SITES)
             else ""
         ),

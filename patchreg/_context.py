@@ -43,17 +43,18 @@ class Patched(Generic[T]):
     :meth:`fresh` (the block each call of a decorated function enters).
     """
 
+    __slots__ = ("_one_call", "_open", "obj", "registry", "strict", "target")  # no __dict__: a block per step
+
     def __init__(self, registry: Registry, target: Target, obj: Any = None, strict: bool = False) -> None:
         self.registry = registry
         self.target = target
         self.obj = obj
         self.strict = strict
-
-    #: the enters not exited yet, in order, as (thread, report, value): each thread exits its own last one.
-    #: None until the first enter (a block made per step allocates one list and one tuple); after it, an exit
-    #: with nothing open is a no-op
-    _open: list[tuple[int, Report, T]] | None = None
-    _one_call = False  # made by a decorated function for one call: its one enter may exit elsewhere
+        #: the enters not exited yet, in order, as (thread, report, value): each thread exits its own last one.
+        #: None until the first enter (a block made per step allocates one list and one tuple); after it, an
+        #: exit with nothing open is a no-op
+        self._open: list[tuple[int, Report, T]] | None = None
+        self._one_call = False  # made by a decorated function for one call: its one enter may exit elsewhere
 
     def open(self) -> tuple[Report, T]:
         """Apply for one enter: ``(the report the exit reverts, what the with statement binds)``."""

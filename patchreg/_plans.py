@@ -20,7 +20,7 @@ from patchreg._checks import check_mapping, check_patchable, name_patch, report_
 from patchreg._namespace import ABSENT, bind_like, label
 from patchreg._predicates import on_refresh
 from patchreg._records import Patch, PatchSet
-from patchreg._store import LOCK, SEQUENCE, Installs, InstallStack, Layer, Ledger, Owner, weak_or_id
+from patchreg._store import _LEVELS, LOCK, SEQUENCE, Installs, InstallStack, Layer, Ledger, Owner, debugging, weak_or_id
 from patchreg._targets import _NOT_INSTANCES, _UNSET, Miss, Selector, Site, _by_values, class_attr, identity
 from patchreg.exceptions import PatchError
 
@@ -52,6 +52,7 @@ _PLAIN, _METHOD = 1, 2
 _MethodType = types.MethodType  # a planned instance install: the replacement itself, or bound to the holder
 _Ref = weakref.ReferenceType
 _new = object.__new__
+_DEBUG = logging.DEBUG
 _NO_WAITING: list[Any] = []  # a planned apply has no lazy patches (never appended to: wait_for_import rebinds)
 generation = [0]  # bumped by refresh(): plans made before hold stale predicate answers
 
@@ -297,7 +298,9 @@ def apply_planned(owner: Owner, installs: Installs, plan: Plan, strict: bool, wa
         if installs.dead:
             installs.purge()
         now = time.time()
-        debug = log.isEnabledFor(logging.DEBUG)
+        debug = _LEVELS.get(_DEBUG)
+        if debug is None:
+            debug = debugging()
         try:
             for patch, stack, cls, mro, above, view, raw, mode, attr, replacement, layers_on in plan.flat:  # type: ignore[union-attr]
                 holder = stack.ref()

@@ -42,6 +42,14 @@ __all__ = [
 ]
 
 log = logging.getLogger("patchreg")
+_LEVELS: dict[int, bool] = getattr(log, "_cache", {})  # logging's own per-logger answers (cleared on setLevel)
+
+
+def debugging() -> bool:
+    """``log.isEnabledFor(DEBUG)``, read from logging's cache when it has the answer (no Python call)."""
+    answer = _LEVELS.get(logging.DEBUG)
+    return log.isEnabledFor(logging.DEBUG) if answer is None else answer
+
 
 #: One lock for every registry: they all write the same namespaces.
 LOCK = threading.RLock()
@@ -415,7 +423,9 @@ class Installs:
             check_release(to_release(ledger))
             break
         restored = 0
-        debug = log.isEnabledFor(logging.DEBUG)
+        debug = _LEVELS.get(logging.DEBUG)
+        if debug is None:
+            debug = debugging()
         for i in range(todo - 1, -1, -1):  # last taken first
             layer = taken[i]
             if layer.count == 1:  # restore before forgetting: an interrupt loses nothing
