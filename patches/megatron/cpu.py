@@ -13,6 +13,14 @@ module-level patches, each gated per release:
   releases where the other one logs the MTP loss, and ``mtp_tracker_device`` on 0.13, which allocates on the loss's
   device already)
 
+For real architectures (MoE, MLA, RoPE, packed sequences; docs/guides/architectures.md has the table):
+
+- ``moe_router_on_cpu``: ``Router.gating`` on the weights' device (plain torch where 0.13-0.16 lack ``te_general_gemm``)
+- ``causal_mask_on_cpu``: ``get_default_causal_mask`` (no attention mask passed) on the CPU
+- ``rope_init_on_cpu`` / ``rope_on_cpu`` / ``rope_forward_on_cpu``: RoPE frequencies built and kept on the CPU
+- ``mla_local_attention`` / ``mla_no_te_linear``: local MLA (``k_channels`` / ``v_channels``; 0.14-0.16's stand-in)
+- ``packed_local_attention``: packed (``thd``) sequences on local ``DotProductAttention``
+
 Usage: ``with cpu_patched(), mtp_patched(model): ...``.
 """
 
