@@ -15,6 +15,14 @@ module-level patches, each gated per release:
 - ``hybrid_final_norm``: the final norm ``HybridStack`` (0.18+) / ``MambaStack`` (0.17) hard-code as ``TENorm`` is
   built as a torch norm (``WrappedTorchNorm``) while the model is built
 
+For real architectures (MoE, MLA, RoPE, packed sequences; docs/guides/architectures.md has the table):
+
+- ``moe_router_on_cpu``: ``Router.gating`` on the weights' device (plain torch where 0.13-0.16 lack ``te_general_gemm``)
+- ``causal_mask_on_cpu``: ``get_default_causal_mask`` (no attention mask passed) on the CPU
+- ``rope_init_on_cpu`` / ``rope_on_cpu`` / ``rope_forward_on_cpu``: RoPE frequencies built and kept on the CPU
+- ``mla_local_attention`` / ``mla_no_te_linear``: local MLA (``k_channels`` / ``v_channels``; 0.14-0.16's stand-in)
+- ``packed_local_attention``: packed (``thd``) sequences on local ``DotProductAttention``
+
 Usage: ``with cpu_patched(), mtp_patched(model): ...``.
 """
 
