@@ -108,8 +108,8 @@ FAULT_CLASSES = (
     ),
     FaultClass(
         "Random interleavings (Hypothesis stateful)",
-        "apply / revert / enter / exit (any order) / raise inside with / revert_all over 4 overlapping sets and "
-        "every target kind, checked against a model of layer stacks and counts after every step; the same over "
+        "apply / revert / enter / exit (any order) / raise inside with / revert_all over 6 overlapping sets and "
+        "every target kind (plain values, attributes absent before and mapping items too), checked against a model of layer stacks and counts after every step; the same over "
         "two registries on the same targets, with revert by patch, checkpoint and rollback; and over a base "
         "class, a subclass and its instances, where a wrap of an inherited attribute holds the install it wraps "
         "(instances dropped too), checking what every call returns",
