@@ -198,7 +198,10 @@ def micro_batch(seed: int = 3) -> dict[str, Any]:
 
 
 def verl_forward(engine: Any, data_format: str, batch: dict[str, Any] | None = None) -> dict[str, Any]:
-    """verl's per-micro-batch path: ``gptmodel_forward_model_engine`` + ``_lm_head_logits_processor``, MTP on."""
+    """verl's per-micro-batch path: ``gptmodel_forward_model_engine`` + ``_lm_head_logits_processor``, MTP on.
+
+    The result also has ``logits``: the model's logits as the processor received them (unpacked by verl too).
+    """
     from verl.models.mcore.model_forward import gptmodel_forward_model_engine
 
     batch = batch or micro_batch()
@@ -218,11 +221,16 @@ def verl_forward(engine: Any, data_format: str, batch: dict[str, Any] | None = N
         "loss_mask": batch["loss_mask"],
         "response_attention_mask": None,
     }
+
+    def logits_processor(logits: Any, **kwargs: Any) -> dict[str, Any]:
+        seen = logits.detach().clone()  # what the model returned, before verl divides it by the temperature
+        return {**processor(logits, **kwargs), "logits": seen}
+
     return gptmodel_forward_model_engine(
         engine.module[0],
         batch["input_ids"],
         {},
-        logits_processor=processor,
+        logits_processor=logits_processor,
         logits_processor_args=args,
         data_format=data_format,
         mtp_enable_train=True,

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from tests.megatron.conftest import record_measurement
-from tests.verl.conftest import flat, make_engine, needs_verl, verl_forward
+from tests.megatron.conftest import VOCAB, record_measurement
+from tests.verl.conftest import LENGTHS, flat, make_engine, needs_verl, verl_forward
 
 pytestmark = needs_verl
 
@@ -55,9 +55,10 @@ def _both(data_format: str, tied: bool, mtp_only: bool) -> tuple[Any, Any, tuple
 
 @pytest.mark.parametrize(("data_format", "tied"), CASES)
 def test_logits_log_probs_entropy_and_mtp_grads_bit_equal(cpu: Any, data_format: str, tied: bool) -> None:
-    """Log-probs and entropy from verl's forward are bit-equal under verl's patches and ours, and so are MTP grads."""
+    """Logits, log-probs and entropy from verl's forward are bit-equal under verl's patches and ours, and so are MTP grads."""
     theirs, ours, (verl_out, verl_grads), (our_out, our_grads) = _both(data_format, tied, mtp_only=False)
-    assert set(verl_out) == set(our_out) == {"log_probs", "entropy"}
+    assert set(verl_out) == set(our_out) == {"logits", "log_probs", "entropy"}
+    assert verl_out["logits"].shape == (sum(LENGTHS), VOCAB)  # every token's logits, unpacked by verl
     for key in verl_out:
         assert torch_equal(verl_out[key], our_out[key]), key
     mtp = sorted(n for n in verl_grads if n.startswith("mtp."))
