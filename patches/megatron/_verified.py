@@ -5,14 +5,29 @@ source (``python -m patchreg body PATH`` under the release, as ``make test-matri
 it) when its tests passed: megatron-core 0.13.1, 0.14.0, 0.15.3, 0.16.1, 0.17.1, 0.18.2, 0.19.2.
 A release whose body is none of these makes ``doctor`` and the patch's report say "upstream body
 changed since verification: review"; re-run the matrix and add its fingerprint here.
+
+The HybridModel / MambaModel patches are verified where they install: 0.17.1 (MambaModel, MTP and loss
+inline in ``forward``) and 0.18.2, 0.19.2 (HybridModel). Their forward is read as
+``MambaModel.forward``: on 0.17 it is MambaModel's own, on 0.18+ MambaModel is a HybridModel and
+inherits ``HybridModel.forward`` (``test_verified_bodies`` checks that it still does), so one path
+names the body both classes run on every release that has them.
 """
 
 from __future__ import annotations
 
 from patches.megatron._compat import GPT, MTP
+from patches.megatron._models import HYBRID, MAMBA
 from patchreg import Verified
 
-__all__ = ["CHECKPOINTED_FORWARD_BODY", "GET_EMBEDDINGS_BODY", "POSTPROCESS_BODY"]
+__all__ = [
+    "CHECKPOINTED_FORWARD_BODY",
+    "GET_EMBEDDINGS_BODY",
+    "HYBRID_FORWARD_BODY",
+    "HYBRID_MTP_LOSS_BODY",
+    "MAMBA_MTP_LOSS_BODY",
+    "MTP_BLOCK_FORWARD_BODY",
+    "POSTPROCESS_BODY",
+]
 
 POSTPROCESS_BODY = Verified(
     "megatron-core",
@@ -46,5 +61,46 @@ CHECKPOINTED_FORWARD_BODY = Verified(
         ">=0.14,<0.18": "70e957096b7db984",
         "0.18.2": "43a806452b6631ae",
         "0.19.2": "692318f438461328",
+    },
+)
+
+# HybridModel (0.18+) / MambaModel 0.17: the forward the hybrid patches call with labels=None (it must return
+# logits and hand the stacked MTP states to process_mtp_loss), the process_mtp_loss they take over for a model
+# in the block (same function object in both modules on 0.18+), and the MTP block's forward whose output the
+# detached patch splits (main states first, then one chunk per depth, along dim 0).
+HYBRID_FORWARD_BODY = Verified(
+    "megatron-core",
+    f"{MAMBA}:MambaModel.forward",
+    {
+        "0.17.1": "68377ca5a20b46a8",
+        "0.18.2": "53a50646121e9992",
+        "0.19.2": "162017a5afff2f44",
+    },
+)
+
+HYBRID_MTP_LOSS_BODY = Verified(
+    "megatron-core",
+    f"{HYBRID}:process_mtp_loss",
+    {
+        "0.18.2": "6eba785390e5672f",
+        "0.19.2": "6a17b61f755092d2",
+    },
+)
+
+MAMBA_MTP_LOSS_BODY = Verified(
+    "megatron-core",
+    f"{MAMBA}:process_mtp_loss",
+    {
+        "0.17.1": "6d05d0ff2b5584d0",
+    },
+)
+
+MTP_BLOCK_FORWARD_BODY = Verified(
+    "megatron-core",
+    f"{MTP}:MultiTokenPredictionBlock.forward",
+    {
+        "0.17.1": "5b59b08d7d765e0c",
+        "0.18.2": "9f47bee3e7d309fe",
+        "0.19.2": "97b6206c48d50640",
     },
 )

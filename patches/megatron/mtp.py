@@ -39,7 +39,15 @@ from patches.megatron._models import (
     model_family,
 )
 from patches.megatron._postprocess import postprocess, postprocess_detached
-from patches.megatron._verified import CHECKPOINTED_FORWARD_BODY, GET_EMBEDDINGS_BODY, POSTPROCESS_BODY
+from patches.megatron._verified import (
+    CHECKPOINTED_FORWARD_BODY,
+    GET_EMBEDDINGS_BODY,
+    HYBRID_FORWARD_BODY,
+    HYBRID_MTP_LOSS_BODY,
+    MAMBA_MTP_LOSS_BODY,
+    MTP_BLOCK_FORWARD_BODY,
+    POSTPROCESS_BODY,
+)
 from patches.megatron.errors import MTPConflictError
 from patchreg import Patch, PatchConflictError, PatchSet, accepts, check, has, not_needed_when, requires
 
@@ -151,6 +159,7 @@ HYBRID_FORWARD = Patch(
     hybrid_forward,
     when=_HYBRID_FORWARD_WHEN,
     doc="return logits [b, s, vocab/tp] (upstream forward with labels=None); the labels go to the MTP loss",
+    verified=HYBRID_FORWARD_BODY,
 )
 
 HYBRID_FORWARD_DETACHED = Patch(
@@ -159,6 +168,7 @@ HYBRID_FORWARD_DETACHED = Patch(
     hybrid_forward_detached,
     when=_HYBRID_FORWARD_WHEN,
     doc="as hybrid_forward; the MTP loss reaches neither the embedding, the decoder nor the output head",
+    verified=HYBRID_FORWARD_BODY,
 )
 
 
@@ -179,6 +189,7 @@ HYBRID_MTP_LOSS = Patch(
     when=not_needed_when(check(_hybrid_loss_not_needed, "MambaModel 0.17 has its own process_mtp_loss"))
     & has(f"{HYBRID}:process_mtp_loss"),
     doc="a model inside mtp_patched gets our MTP loss (its labels and mask, or RL mode); others upstream's",
+    verified=HYBRID_MTP_LOSS_BODY,
 )
 
 
@@ -197,6 +208,7 @@ MAMBA_MTP_LOSS = Patch(
     when=not_needed_when(check(_mamba_loss_not_needed, "MambaModel is a HybridModel"))
     & has(f"{MAMBA}:process_mtp_loss"),
     doc="as hybrid_mtp_loss, for MambaModel 0.17",
+    verified=MAMBA_MTP_LOSS_BODY,
 )
 
 MTP_INPUT_DETACHED = Patch(
@@ -205,6 +217,7 @@ MTP_INPUT_DETACHED = Patch(
     mtp_block_forward_detached,
     when=_HYBRID_FORWARD_WHEN,
     doc="the MTP block runs on detached decoder states; the main states keep their graph",
+    verified=MTP_BLOCK_FORWARD_BODY,
 )
 
 HYBRID_MTP_SET = PatchSet(
