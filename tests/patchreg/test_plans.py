@@ -2,12 +2,18 @@
 
 Every test changes the object between two applies and checks the second apply patches exactly what a
 fresh resolution finds (and nothing the first one found but no longer belongs), then restores exactly.
+Everything is observed from outside: reports, the objects patched and restored, call results, and, for
+"a plan was made / re-used / found stale", whether an apply walked the model: a resolution reads each
+child through the model's ``__getattr__`` (counted in :data:`SERVED`), a planned apply re-checks its
+guards on the instance dicts and calls no ``__getattr__`` (docs/guides/patches.md, "Plans").
 """
 
 from __future__ import annotations
 
 import gc
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -15,6 +21,8 @@ import pytest
 import patchreg
 from patchreg import Patch, PatchSet, Registry, check
 from tests.patchreg.helpers import plain, snapshot
+
+SERVED = [0]  # children served by a test model's __getattr__: what a resolution walks through
 
 
 class Node:
@@ -27,6 +35,7 @@ class Node:
     def __getattr__(self, name: str) -> Any:
         children = self.__dict__.get("_children", {})
         if name in children:
+            SERVED[0] += 1
             return children[name]
         raise AttributeError(name)
 
@@ -73,33 +82,50 @@ def cycle(registry: Registry, m: Node, target: Any = SET) -> patchreg.Report:
     return report
 
 
+@contextmanager
+def block(registry: Registry, target: Any, obj: Any) -> Iterator[tuple[patchreg.Report, int]]:
+    """A ``patched`` block, with how many children its apply had served (0: it walked nothing, a plan held)."""
+    before = SERVED[0]
+    with registry.patched(target, obj) as report:
+        yield report, SERVED[0] - before
+
+
+def walked(registry: Registry, target: Any, obj: Any) -> int:
+    """How many children one apply (reverted at once) had served: 0 when it re-used a plan."""
+    with block(registry, target, obj) as (_report, walks):
+        return walks
+
+
 def planned(registry: Registry, m: Node, target: Any = SET) -> None:
-    """Two applies: the second makes the plan (an object patched once is never traced)."""
+    """Two applies: the second makes the plan (an object patched once is never traced); a third re-uses it."""
     cycle(registry, m, target)
     cycle(registry, m, target)
-    assert any(p.matches(target, m) for p in registry._plans.values())
+    assert walked(registry, target, m) == 0
 
 
 def test_a_plan_is_made_on_the_second_apply_and_reused() -> None:
+    """The first apply only resolves, the second also makes a plan, and every later one re-uses it, walking nothing."""
     registry, m = Registry("t"), model()
-    cycle(registry, m)
-    assert registry._plans == {}
-    cycle(registry, m)
-    (plan,) = registry._plans.values()
-    cycle(registry, m)
-    assert list(registry._plans.values()) == [plan] and registry._last is plan
-    assert plan.flat is not None and len(plan.flat) == 3
+    walks = []
+    for _ in range(4):
+        with block(registry, SET, m) as (report, walked_now):
+            assert report.installed == 3 and patched_tags(m) == ["layer0", "layer1"] and m.forward(1) == "own"
+            walks.append(walked_now)
+        assert patched_tags(m) == [] and "forward" not in vars(m)
+    assert walks[0] > 0 and walks[1] > 0 and walks[2:] == [0, 0]
 
 
 @pytest.mark.parametrize("n", [1, 2, 12])  # guards: one element is compared alone, more in one map
 @pytest.mark.parametrize("at", [0, -1])
 def test_replaced_layer_is_patched_and_the_old_one_is_not(n: int, at: int) -> None:
+    """A layer replaced after the plan was made is patched, and the layer it replaced is left alone."""
     registry, m = Registry("t"), model(n)
     planned(registry, m)
     i = at % n
     old = m.mtp.layers._children[str(i)]
     m.mtp.layers.replace(i, Node("new"))
-    with registry.patched(SET, m):
+    with block(registry, SET, m) as (_report, walks):
+        assert walks > 0  # the guard saw the replacement: resolved again
         tags = [f"layer{k}" for k in range(n)]
         tags[i] = "new"
         assert patched_tags(m) == tags
@@ -112,6 +138,7 @@ class Named(dict[str, Any]):
 
 
 def test_mapping_walks_and_nested_walks_are_guarded() -> None:
+    """A key added to a walked mapping and an element replaced in a nested walk are both caught by the guards."""
     registry = Registry("t")
     inner = [Layers(Node("a0"), Node("a1")), Layers(Node("b0"))]
     tree = Node("tree", heads=Named(x=Node("x"), y=Node("y")), grid=Layers(*inner))
@@ -119,19 +146,22 @@ def test_mapping_walks_and_nested_walks_are_guarded() -> None:
     grid = Patch("grid", "grid[*][*].forward", plain("g"))  # the inner walks' containers are elements, not reads
     both = PatchSet("walks", (heads, grid))
     for _ in range(3):
-        with registry.patched(both, tree) as report:
+        with block(registry, both, tree) as (report, walks):
             assert report.installed == 5
-    assert registry._last is not None and registry._last.flat is not None
+    assert walks == 0  # the third apply re-used the plan the second made
     tree.heads["z"] = Node("z")
+    old = inner[1]._children["0"]  # kept alive: only the guard tells it was replaced
     inner[1].replace(0, Node("b0-new"))
-    with registry.patched(both, tree) as report:
-        assert report.installed == 6
+    with block(registry, both, tree) as (report, walks):
+        assert walks > 0 and report.installed == 6
         assert [tree.heads[k].forward(0) for k in "xyz"] == ["h", "h", "h"]
         assert inner[1]._children["0"].forward(0) == "g" and inner[1]._children["0"].tag == "b0-new"
-    assert all("forward" not in vars(node) for node in [*tree.heads.values(), *inner[0], *inner[1]])
+        assert "forward" not in vars(old)
+    assert all("forward" not in vars(node) for node in [*tree.heads.values(), *inner[0], *inner[1], old])
 
 
 def test_appended_layer_is_patched() -> None:
+    """A layer appended after the plan was made is patched too."""
     registry, m = Registry("t"), model()
     planned(registry, m)
     m.mtp.layers.append(Node("layer2"))
@@ -141,22 +171,27 @@ def test_appended_layer_is_patched() -> None:
 
 
 def test_replaced_intermediate_is_followed() -> None:
+    """A submodule replaced in its parent's children after the plan was made is followed to its own layers."""
     registry, m = Registry("t"), model()
     planned(registry, m)
+    old = list(m.mtp.layers)  # kept alive: only the guard tells they are no longer on the path
     m._children["mtp"] = Node("mtp2", layers=Layers(Node("other")))
     with registry.patched(SET, m):
-        assert patched_tags(m) == ["other"]
+        assert patched_tags(m) == ["other"] and all("forward" not in vars(layer) for layer in old)
 
 
 def test_replaced_link_in_a_chain_is_followed() -> None:
+    """A layer list replaced half-way along the chain after the plan was made is followed."""
     registry, m = Registry("t"), model()
     planned(registry, m)
+    old = list(m.mtp.layers)  # kept alive: only the guard tells they are no longer on the path
     m.mtp._children["layers"] = Layers(Node("relinked"))
     with registry.patched(SET, m):
-        assert patched_tags(m) == ["relinked"]
+        assert patched_tags(m) == ["relinked"] and all("forward" not in vars(layer) for layer in old)
 
 
 def test_shadowing_instance_attribute_is_followed() -> None:
+    """An instance attribute set over a child served by ``__getattr__`` is followed, as ``getattr`` would."""
     registry, m = Registry("t"), model()
     planned(registry, m)
     m.mtp = Node("shadow", layers=Layers(Node("shadowed")))  # instance __dict__ wins over __getattr__
@@ -165,6 +200,8 @@ def test_shadowing_instance_attribute_is_followed() -> None:
 
 
 def test_class_swap_of_a_holder_replans() -> None:
+    """A holder whose class is swapped after the plan was made is patched and restored as a fresh apply would."""
+
     class Sub(Node):
         def forward(self, x: int) -> tuple[str, int]:
             return ("sub", x)
@@ -179,6 +216,7 @@ def test_class_swap_of_a_holder_replans() -> None:
 
 
 def test_refresh_re_evaluates_predicates() -> None:
+    """A plan keeps its predicate answers until ``patchreg.refresh()``, after which they are asked again."""
     answer = [True]
     gated = Patch("gated", "forward", plain("gated"), when=check(lambda: (answer[0], "the flag"), "flag"))
     registry, m = Registry("t"), model()
@@ -194,6 +232,7 @@ def test_refresh_re_evaluates_predicates() -> None:
 
 
 def test_a_foreign_value_in_the_namespace_takes_the_checked_path_and_is_restored() -> None:
+    """A value someone else set in a planned holder's namespace is patched over and put back exactly."""
     registry, m = Registry("t"), model()
     planned(registry, m)
     layer = m.mtp.layers._children["0"]
@@ -206,6 +245,7 @@ def test_a_foreign_value_in_the_namespace_takes_the_checked_path_and_is_restored
 
 
 def test_unplannable_walks_resolve_every_time() -> None:
+    """A walk over a plain list (which guards cannot follow) is resolved again at every apply."""
     from tests.patchreg.sample import Leaf, Tree
 
     registry, tree = Registry("t"), Tree(2)  # blocks is a plain list: no weak references, no guard
@@ -220,6 +260,7 @@ def test_unplannable_walks_resolve_every_time() -> None:
 
 
 def test_nested_blocks_share_through_a_plan() -> None:
+    """A planned block nested in another shares the outer block's installs and leaves them to it."""
     registry, m = Registry("t"), model()
     planned(registry, m)
     with registry.patched(SET, m) as outer:
@@ -231,18 +272,20 @@ def test_nested_blocks_share_through_a_plan() -> None:
 
 
 def test_stale_holder_half_way_leaves_nothing_behind() -> None:
+    """A plan found stale after some of its installs undoes them, resolves again and is replaced by a new plan."""
     registry, m = Registry("t"), model()
     planned(registry, m)
-    (plan,) = registry._plans.values()
     layer = m.mtp.layers._children["1"]
     layer.__class__ = type("Other", (Node,), {})  # found stale at the second layer, after two installs
-    with registry.patched(SET, m) as report:
-        assert report.installed == 3
-    assert registry._plans[plan.key] is not plan
+    with block(registry, SET, m) as (report, walks):
+        assert walks > 0 and report.installed == 3 and layer.forward(1) == "patched"
+        assert m.forward(1) == "own" and patched_tags(m) == ["layer0", "layer1"]
     assert patched_tags(m) == [] and "forward" not in vars(m)
+    assert walked(registry, SET, m) == 0  # the apply that found it stale made a new plan
 
 
 def test_plans_hold_no_strong_reference() -> None:
+    """A planned model and its layers are freed by reference counting alone once the caller drops them."""
     registry = Registry("t")
     m = model()
     layers = list(m.mtp.layers)
@@ -252,41 +295,67 @@ def test_plans_hold_no_strong_reference() -> None:
     gc.disable()
     try:
         assert [r() for r in refs] == [None] * len(refs)  # freed by reference counting alone
-        assert registry._plans == {}
     finally:
         gc.enable()
 
 
-def test_temporary_patch_sets_do_not_accumulate_plans() -> None:
-    registry, m = Registry("t"), model()
+def test_plans_of_dead_objects_do_not_accumulate() -> None:
+    """A plan goes with its object: of twenty models planned and dropped, at most the last one's class lives on."""
+    registry, classes = Registry("t"), []
     for i in range(20):
-        temporary = PatchSet(f"tmp{i}", (Patch("p", "mtp.layers[*].forward", plain(i)),))
+        kind = type(f"Layer{i}", (Node,), {})  # a plan holds its holders' classes strongly, its objects weakly
+        m = Node("model", mtp=Node("mtp", layers=Layers(kind(f"layer{i}"))))
+        planned_alone(registry, m, FORWARD)
+        classes.append(weakref.ref(kind))
+        del kind, m
+    gc.collect()
+    assert sum(r() is not None for r in classes) <= 1
+
+
+def test_temporary_patch_sets_do_not_accumulate_plans() -> None:
+    """A plan goes with its patch set: of twenty temporary sets planned and dropped, at most the last one's lives on."""
+    registry, m, replacements = Registry("t"), model(), []
+    for i in range(20):
+        replacement = plain(i)  # a plan holds its patches (and so their replacements) strongly
+        temporary = PatchSet(f"tmp{i}", (Patch("p", "mtp.layers[*].forward", replacement),))
         for _ in range(2):
             with registry.patched(temporary, m):
-                pass
-        del temporary
-    assert len(registry._plans) <= 1
+                assert [layer.forward(0) for layer in m.mtp.layers] == [i, i]
+        assert walked(registry, temporary, m) == 0
+        replacements.append(weakref.ref(replacement))
+        del temporary, replacement
+    gc.collect()
+    assert sum(r() is not None for r in replacements) <= 1
 
 
 def test_first_applies_are_remembered_boundedly() -> None:
-    registry = Registry("t")
-    for _ in range(5000):
-        registry.revert(registry.apply(FORWARD, model(1)))
-    assert registry._plans == {} and len(registry._seen) <= 4096
+    """First applies are remembered boundedly: after 5,000 other objects' first applies, an object's is forgotten."""
+    registry, early = Registry("t"), model(1)
+    registry.revert(registry.apply(FORWARD, early))
+    others = [model(1) for _ in range(5000)]  # more than the 4,096 marks kept; alive, so no address is re-used
+    for other in others:
+        registry.revert(registry.apply(FORWARD, other))
+    walks = [walked(registry, FORWARD, early) for _ in range(3)]
+    assert walks[1] > 0 and walks[2] == 0  # its next apply counted as a first one: the one after made the plan
 
 
 def test_chunk_lists_are_planned_per_chunk() -> None:
+    """A list of model chunks is planned as one, and a layer replaced in one chunk is caught by its guard."""
     registry, a, b = Registry("t"), model(1), model(1)
     for _ in range(3):
-        with registry.patched(FORWARD, [a, b]) as report:
+        with block(registry, FORWARD, [a, b]) as (report, walks):
             assert report.installed == 2
+    assert walks == 0
+    old = b.mtp.layers._children["0"]  # kept alive: only the guard tells it was replaced
     b.mtp.layers.replace(0, Node("fresh"))
-    with registry.patched(FORWARD, [a, b]):
-        assert patched_tags(b) == ["fresh"]
+    with block(registry, FORWARD, [a, b]) as (_report, walks):
+        assert walks > 0 and patched_tags(b) == ["fresh"] and patched_tags(a) == ["layer0"]
+        assert "forward" not in vars(old)
 
 
 @pytest.mark.parametrize("first", ["planned", "fresh"])
 def test_strict_still_raises_on_a_planned_skip(first: str) -> None:
+    """``strict=True`` raises on a predicate's skip whether the apply is planned or fresh."""
     gated = Patch("never", "forward", plain(0), when=check(lambda: (False, "never applies"), "never"))
     registry, m = Registry("t"), model()
     if first == "planned":
@@ -297,14 +366,16 @@ def test_strict_still_raises_on_a_planned_skip(first: str) -> None:
 
 
 def planned_alone(registry: Registry, obj: Any, target: Any) -> None:
-    """Two applies of ``target`` alone (no patch on ``obj`` itself, whose class the plan checks anyway)."""
+    """Two applies of ``target`` alone (no patch on ``obj`` itself, whose class the plan checks anyway); a third
+    re-uses the plan."""
     for _ in range(2):
         registry.revert(registry.apply(target, obj))
-    assert any(p.matches(target, obj) for p in registry._plans.values())
+    assert walked(registry, target, obj) == 0
 
 
 @pytest.mark.parametrize("swapped", ["model", "mtp"])
 def test_class_swap_of_an_intermediate_replans(swapped: str) -> None:
+    """A class swapped on the model or a submodule on the path (bringing a property) makes the apply resolve again."""
     other = Node("other")
 
     class ModelSub(Node):
@@ -321,14 +392,21 @@ def test_class_swap_of_an_intermediate_replans(swapped: str) -> None:
         m.__class__ = ModelSub
     else:
         m.mtp.__class__ = MtpSub
-    with registry.patched(FORWARD, m) as report:
-        assert report.installed == 1 and other.forward(1) == "patched"  # type: ignore[comparison-overlap]
+    with block(registry, FORWARD, m) as (report, walks):
+        assert walks > 0 and report.installed == 1 and other.forward(1) == "patched"  # type: ignore[comparison-overlap]
         assert [o.tag for o in old if "forward" in vars(o)] == []
     assert [snapshot(o) for o in (*old, other)] == before
 
 
 def test_class_swap_of_an_intermediate_module_replans() -> None:
+    """An ``nn.Module`` whose class is swapped for one with a property over a submodule makes the apply resolve again."""
     nn = pytest.importorskip("torch.nn")
+
+    class Counting(nn.Module):  # type: ignore[misc,name-defined]
+        def __getattr__(self, name: str) -> Any:  # nn.Module's, counted as Node's is
+            value = super().__getattr__(name)
+            SERVED[0] += 1
+            return value
 
     class Leaf(nn.Module):  # type: ignore[misc,name-defined]
         def __init__(self, tag: str) -> None:
@@ -338,14 +416,14 @@ def test_class_swap_of_an_intermediate_module_replans() -> None:
         def forward(self, x: int) -> tuple[str, int]:
             return (self.tag, x)
 
-    class Block(nn.Module):  # type: ignore[misc,name-defined]
+    class Block(Counting):
         def __init__(self, *tags: str) -> None:
             super().__init__()
             self.layers = nn.ModuleList([Leaf(t) for t in tags])
 
     other = Block("other0")
 
-    class Root(nn.Module):  # type: ignore[misc,name-defined]
+    class Root(Counting):
         def __init__(self) -> None:
             super().__init__()
             self.mtp = Block("l0", "l1")
@@ -360,8 +438,8 @@ def test_class_swap_of_an_intermediate_module_replans() -> None:
     old = list(root.mtp.layers)
     before = [snapshot(o) for o in (*old, *other.layers)]
     root.__class__ = RootWithProp
-    with registry.patched(FORWARD, root) as report:
-        assert report.installed == 1 and root.mtp.layers[0].forward(0) == "patched"
+    with block(registry, FORWARD, root) as (report, walks):
+        assert walks > 0 and report.installed == 1 and root.mtp.layers[0].forward(0) == "patched"
         assert [o.tag for o in old if "forward" in vars(o)] == []
     assert [snapshot(o) for o in (*old, *other.layers)] == before
     assert root.mtp.layers[0].forward(0) == ("other0", 0)
@@ -372,6 +450,8 @@ MISSING = Patch("missing", "nothing[*].forward", plain("never"))  # resolved at 
 
 @pytest.mark.parametrize("target", [FORWARD, PatchSet("with-miss", (FORWARD, MISSING))], ids=["flat", "work"])
 def test_a_method_deleted_from_the_class_is_not_patched(target: Any) -> None:
+    """A method deleted from its class after the plan was made is skipped as a fresh apply would, touching nothing."""
+
     class Leaf:
         def __init__(self, tag: str) -> None:
             self.tag = tag
@@ -383,8 +463,7 @@ def test_a_method_deleted_from_the_class_is_not_patched(target: Any) -> None:
     for _ in range(2):
         with registry.patched(target, m) as report:
             assert report.installed == 2
-    (plan,) = registry._plans.values()
-    assert (plan.flat is not None) == (target is FORWARD)
+    assert walked(registry, target, m) == 0  # planned (test_plans_internal: flat for one, per patch for the other)
     leaves = list(m.mtp.layers)
     before = [snapshot(leaf) for leaf in leaves]
     del Leaf.forward
@@ -396,6 +475,8 @@ def test_a_method_deleted_from_the_class_is_not_patched(target: Any) -> None:
 
 
 def test_a_method_replaced_on_the_class_replans() -> None:
+    """A method replaced on its class by a ``staticmethod`` after the plan was made is bound as a fresh apply binds."""
+
     class Leaf:
         def __init__(self, tag: str) -> None:
             self.tag = tag
@@ -405,21 +486,26 @@ def test_a_method_replaced_on_the_class_replans() -> None:
 
     registry, m = Registry("t"), Node("model", mtp=Node("mtp", layers=Layers(Leaf("a"))))
     planned_alone(registry, m, FORWARD)
-    (plan,) = registry._plans.values()
     leaf = next(iter(m.mtp.layers))
     before = snapshot(leaf)
     Leaf.forward = staticmethod(plain("static"))  # type: ignore[method-assign]
-    with registry.patched(FORWARD, m):  # the plan's bind mode was worked out for the old attribute
-        assert registry._plans.get(plan.key) is not plan
-        planned_install = vars(leaf)["forward"]
+    with block(registry, FORWARD, m) as (_report, walks):  # the plan's bind mode was worked out for the old attribute
+        assert walks > 0  # so it is stale: resolved again
+        resolved_install = vars(leaf)["forward"]
         assert leaf.forward(1) == "patched"
     assert snapshot(leaf) == before
+    with block(registry, FORWARD, m) as (_report, walks):  # re-planned for the new attribute
+        assert walks == 0 and leaf.forward(1) == "patched"
+        planned_install = vars(leaf)["forward"]
+    assert snapshot(leaf) == before
     with Registry("fresh").patched(FORWARD, m):
-        assert type(vars(leaf)["forward"]) is type(planned_install)
+        assert type(vars(leaf)["forward"]) is type(resolved_install) is type(planned_install)
     assert snapshot(leaf) == before and leaf.forward(1) == "static"
 
 
 def test_a_classmethod_is_planned_by_what_the_class_stores() -> None:
+    """A classmethod (a new bound method at every read) is planned by the object its class stores, and re-used."""
+
     class Leaf:
         @classmethod
         def forward(cls, x: int) -> tuple[str, int]:  # getattr(Leaf, "forward"): a new bound method each time
@@ -427,14 +513,11 @@ def test_a_classmethod_is_planned_by_what_the_class_stores() -> None:
 
     registry, leaf = Registry("t"), Leaf()
     m = Node("model", mtp=Node("mtp", layers=Layers(leaf)))
-    planned_alone(registry, m, FORWARD)
-    (plan,) = registry._plans.values()
-    assert plan.flat is not None  # the stored classmethod is the same object at every apply
+    planned_alone(registry, m, FORWARD)  # the stored classmethod is the same object at every apply
     for _ in range(2):
-        with registry.patched(FORWARD, m) as report:
-            assert report.installed == 1 and leaf.forward(1) == "patched"  # type: ignore[comparison-overlap]
+        with block(registry, FORWARD, m) as (report, walks):
+            assert walks == 0 and report.installed == 1 and leaf.forward(1) == "patched"  # type: ignore[comparison-overlap]
         assert vars(leaf) == {} and leaf.forward(1) == ("Leaf", 1)
-        assert registry._plans.get(plan.key) is plan
     del Leaf.forward
     with registry.patched(FORWARD, m) as report:
         assert report.installed == 0 and vars(leaf) == {}
@@ -484,6 +567,7 @@ class Alternating:
 
 
 def test_a_walk_selects_the_elements_its_guard_recorded() -> None:
+    """A container that yields different elements at every iteration has patched what this apply's iteration found."""
     a, b = Node("a"), Node("b")
     host = Node("host", layers=Alternating(a, b))
     registry = Registry("t")
