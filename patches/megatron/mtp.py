@@ -252,7 +252,9 @@ class MTPReport:
 
     __slots__ = ("_after", "_cls", "_losses", "_models", "active", "detach_encoder", "note", "report")
 
-    def __init__(self, report: patchreg.Report, detach_encoder: bool, models: list[Any] | None = None) -> None:
+    def __init__(
+        self, report: patchreg.Report, detach_encoder: bool, models: list[Any] | None = None, note: str | None = None
+    ) -> None:
         self.report = report
         self.detach_encoder = detach_encoder
         self.active = True
@@ -261,7 +263,7 @@ class MTPReport:
         self._losses: tuple[Any, ...] = ()
         self._cls = type(self._models[0]) if self._models else None
         #: Set when no model (chunk) holds MTP layers: it returns logits and computes no MTP loss here.
-        self.note = _no_mtp_note(self._models) if self._models else ""
+        self.note = note if note is not None else _no_mtp_note(self._models) if self._models else ""
 
     @property
     def model_class(self) -> str:
@@ -328,11 +330,23 @@ class MTPReport:
 _LOGGED_NO_MTP: list[bool] = []  # the no-MTP note is logged once per process
 
 
+def _has_mtp(models: list[Any]) -> bool:
+    """Whether any of ``models`` holds an MTP block (nn.Modules: read from ``_modules``, no ``__getattr__``)."""
+    for model in models:  # noqa: SIM110 (a loop, not any() over a generator: this runs at every enter)
+        if model._modules.get("mtp") is not None:
+            return True
+    return False
+
+
 def _no_mtp_note(models: list[Any]) -> str:
     """The report's note when none of ``models`` holds MTP layers (logged once): normal on a pipeline stage."""
-    for model in models:  # Megatron-Core models are nn.Modules: submodules in _modules (no __getattr__)
-        if model._modules.get("mtp") is not None:
-            return ""
+    if _has_mtp(models):
+        return ""
+    return _no_mtp_text(models)
+
+
+def _no_mtp_text(models: list[Any]) -> str:
+    """The note for ``models`` that hold no MTP block, logged once per process."""
     note = (
         f"no MTP layers in this {type(models[0]).__name__} (no .mtp block on this model or chunk): it returns logits "
         "and computes no MTP loss here. That is normal for a pipeline stage without MTP; to train MTP, build the "
@@ -373,12 +387,12 @@ class mtp_patched(patchreg.Patched[MTPReport]):
         models = language_models(self.model)
         try:  # the GPTModels themselves: what the selectors find through any wrapper, without the walk
             # a model without MTP layers (a pipeline stage) gets the report's note, not a 'target not found' warning
-            warn = None if any(getattr(m, "mtp", None) is not None for m in models) else False
+            has_mtp = _has_mtp(models)
             target = models[0] if len(models) == 1 else models
-            report = self.registry.apply(self.patch_set, target, strict=self.strict, warn=warn)
+            report = self.registry.apply(self.patch_set, target, strict=self.strict, warn=None if has_mtp else False)
         except PatchConflictError as exc:
             raise self._conflict(exc) from exc
-        return report, MTPReport(report, self.detach_encoder, models)
+        return report, MTPReport(report, self.detach_encoder, models, "" if has_mtp else _no_mtp_text(models))
 
     def close(self, value: MTPReport) -> None:
         value._close()
