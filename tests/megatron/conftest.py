@@ -239,6 +239,32 @@ def rel_err(got: Any, want: Any) -> float:
     return diff / scale if scale > 0 else (0.0 if diff == 0 else 1.0)
 
 
+def grad_of(param: Any) -> Any:
+    """The parameter's gradient, zeros when it received none."""
+    import torch
+
+    return param.grad if param.grad is not None else torch.zeros_like(param)
+
+
+def check_gradients(mtp: dict[str, Any], trunk: dict[str, Any], want: dict[str, Any], detach: bool, key: str) -> None:
+    """MTP parameters match ``want`` within 1e-5 (the worst diff recorded under ``key``); the trunk gets exactly
+    zero when ``detach``, else matches ``want`` too and is trained."""
+    import torch
+
+    worst = 0.0
+    for name, param in mtp.items():
+        assert rel_err(grad_of(param), want[name]) <= 1e-5, name
+        worst = max(worst, float((grad_of(param) - want[name]).abs().max()))
+    record_measurement(key, worst)
+    for name, param in trunk.items():
+        if detach:
+            assert param.grad is None or torch.count_nonzero(param.grad) == 0, name
+        else:
+            assert rel_err(grad_of(param), want[name]) <= 1e-5, name
+    if not detach:
+        assert any(torch.count_nonzero(grad_of(p)) for p in trunk.values())
+
+
 def record_measurement(key: str, value: float) -> None:
     """Append a measured number to $PATCHREG_MEASUREMENTS (the matrix runner's summary) when set."""
     path = os.environ.get("PATCHREG_MEASUREMENTS")

@@ -22,6 +22,7 @@ from patches.megatron import mtp_patched
 from tests.megatron.arch_models import ARCHS, Arch, arch_batch, build_arch, unbuildable
 from tests.megatron.conftest import (
     MCORE,
+    grad_of,
     mtp_params,
     record_measurement,
     reference,
@@ -77,11 +78,6 @@ def _batch(padded: bool = False, no_mask: bool = False) -> Any:
         if "padding_mask" not in parameters(GPTModel.forward)[0]:
             pytest.skip(f"GPTModel.forward of megatron-core {MCORE} takes no padding_mask (0.16+)")
     return arch_batch(padded=padded, no_mask=no_mask)
-
-
-def grad_of(param: Any) -> Any:
-    """The parameter's gradient, zeros when it received none."""
-    return param.grad if param.grad is not None else torch.zeros_like(param)
 
 
 def patched_step(model: Any, batch: Any, detach: bool, mtp_scale: float = 1.0) -> tuple[Any, Any, dict[str, Any]]:

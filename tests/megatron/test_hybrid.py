@@ -22,7 +22,7 @@ import torch
 import patchreg
 from patches.megatron import UnsupportedModelError, mtp_patched
 from patches.megatron.mtp import HYBRID_MTP_DETACH_SET, HYBRID_MTP_SET
-from tests.megatron.conftest import MCORE, make_batch, make_config, record_measurement, rel_err
+from tests.megatron.conftest import MCORE, check_gradients, make_batch, make_config, record_measurement, rel_err
 from tests.megatron.hybrid_models import (
     build_hybrid,
     hybrid_class,
@@ -74,18 +74,8 @@ def test_mtp_gradients_match_reference(detach: bool, tied: bool, depth: int) -> 
     model, batch = build_hybrid(tied=tied, depth=depth), make_batch()
     ref, want = reference_grads(model, batch)
     _, report = patched_step(model, batch, detach)
-    worst = 0.0
-    for name, param in mtp_params(model).items():
-        assert rel_err(grad_of(param), want[name]) <= 1e-5, name
-        worst = max(worst, float((grad_of(param) - want[name]).abs().max()))
-    record_measurement(f"mtp grad max abs diff ({CLASS}, detach={detach}, tied={tied}, depth={depth})", worst)
-    for name, param in trunk_params(model).items():
-        if detach:
-            assert param.grad is None or torch.count_nonzero(param.grad) == 0, name
-        else:
-            assert rel_err(grad_of(param), want[name]) <= 1e-5, name
-    if not detach:
-        assert any(torch.count_nonzero(grad_of(p)) for p in trunk_params(model).values())
+    key = f"mtp grad max abs diff ({CLASS}, detach={detach}, tied={tied}, depth={depth})"
+    check_gradients(mtp_params(model), trunk_params(model), want, detach, key)
     assert report.mtp_losses == pytest.approx([float(x.detach()) for x in ref.depth_losses], rel=1e-5)
 
 

@@ -28,6 +28,8 @@ from patches.megatron.mtp import CHECKPOINTED_FORWARD, MTP_DETACH_SET, MTP_SET
 from tests.megatron.conftest import (
     MCORE,
     build_gpt,
+    check_gradients,
+    grad_of,
     make_batch,
     mtp_params,
     record_measurement,
@@ -62,11 +64,6 @@ def applicable(patch_set: Any) -> set[str]:
     return {p.name for p in patch_set if p.when.evaluate().ok}
 
 
-def grad_of(param: Any) -> Any:
-    """The parameter's gradient, zeros when it received none."""
-    return param.grad if param.grad is not None else torch.zeros_like(param)
-
-
 @pytest.mark.parametrize("detach", [False, True], ids=["trunk", "detached"])
 def test_logits_equal_upstream_main_head(detach: bool) -> None:
     """The patched model returns [b, s, vocab] logits bit-equal to the upstream main head's."""
@@ -86,18 +83,8 @@ def test_mtp_gradients_match_reference(detach: bool, tied: bool, depth: int) -> 
     model, batch = build_gpt(tied=tied, mtp_num_layers=depth), make_batch()
     _, want = reference_grads(model, batch)
     _, report = patched_step(model, batch, detach)
-    worst = 0.0
-    for name, param in mtp_params(model).items():
-        assert rel_err(grad_of(param), want[name]) <= 1e-5, name
-        worst = max(worst, float((grad_of(param) - want[name]).abs().max()))
-    record_measurement(f"mtp grad max abs diff (detach={detach}, tied={tied}, depth={depth})", worst)
-    for name, param in trunk_params(model).items():
-        if detach:
-            assert param.grad is None or torch.count_nonzero(param.grad) == 0, name
-        else:
-            assert rel_err(grad_of(param), want[name]) <= 1e-5, name
-    if not detach:
-        assert any(torch.count_nonzero(grad_of(p)) for p in trunk_params(model).values())
+    key = f"mtp grad max abs diff (detach={detach}, tied={tied}, depth={depth})"
+    check_gradients(mtp_params(model), trunk_params(model), want, detach, key)
     assert len(report.mtp_losses) == depth
 
 
