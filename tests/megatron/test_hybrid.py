@@ -22,7 +22,15 @@ import torch
 import patchreg
 from patches.megatron import UnsupportedModelError, mtp_patched
 from patches.megatron.mtp import HYBRID_MTP_DETACH_SET, HYBRID_MTP_SET
-from tests.megatron.conftest import MCORE, check_gradients, make_batch, make_config, record_measurement, rel_err
+from tests.megatron.conftest import (
+    MCORE,
+    check_gradients,
+    grad_of,
+    make_batch,
+    make_config,
+    record_measurement,
+    rel_err,
+)
 from tests.megatron.hybrid_models import (
     build_hybrid,
     hybrid_class,
@@ -31,7 +39,7 @@ from tests.megatron.hybrid_models import (
     mtp_params,
     trunk_params,
 )
-from tests.megatron.test_mtp import ModuleWrapper, VisionLanguage, applicable, grad_of, record_patches, rl_mode
+from tests.megatron.test_mtp import ModuleWrapper, VisionLanguage, applicable, record_patches, rl_mode
 
 CLASS = hybrid_class().__name__
 
