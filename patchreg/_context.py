@@ -23,6 +23,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from patchreg._records import Report, patches_of
+from patchreg._store import LOCK, Ledger
 from patchreg.exceptions import PatchDefinitionError, PatchError
 
 if TYPE_CHECKING:
@@ -82,22 +83,38 @@ class Patched(Generic[T]):
         return value
 
     def __exit__(self, *exc: object) -> None:
-        key = _thread()
         entered = self._open
-        if entered:
-            for i in range(len(entered) - 1, -1, -1):  # this thread's innermost enter: the last one, as a rule
-                entry = entered[i]
-                if entry[0] == key:
-                    break
-            else:
-                entry = self._misused(key, entered)
-        else:
-            if entered is not None:
+        entry = entered[-1] if entered else None
+        if entry is None or entry[0] != _thread():  # not the common case: this thread's last enter is the last one
+            entry = self._innermost(entered)
+            if entry is None:
                 return  # a second exit: nothing is open, nothing to do (as mock's)
-            entry = self._misused(key, [])
-        self.registry.revert(entry[1])  # if this raises, the entry stays so that the exit can be retried
-        entered.remove(entry)  # type: ignore[union-attr]  # by identity (the first equal is this very tuple)
+        report, registry = entry[1], self.registry
+        if type(report) is Ledger and report.owner is registry:  # registry.revert(report), inline: this block's own
+            LOCK.acquire()
+            try:
+                registry._installs.release(report)  # if this raises, the entry stays: the exit can be retried
+            finally:
+                LOCK.release()
+        else:
+            registry.revert(report)  # a subclass's open() returned another registry's report: refused there
+        if entered[-1] is entry:  # type: ignore[index]
+            entered.pop()  # type: ignore[union-attr]
+        else:
+            entered.remove(entry)  # type: ignore[union-attr]  # by identity (the first equal is this very tuple)
         self.close(entry[2])
+
+    def _innermost(self, entered: list[tuple[int, Report, T]] | None) -> tuple[int, Report, T] | None:
+        """The enter an exit on this thread ends: its innermost one, or (misuse) a refusal; None: nothing open."""
+        key = _thread()
+        if entered:
+            for entry in reversed(entered):
+                if entry[0] == key:
+                    return entry
+            return self._misused(key, entered)
+        if entered is not None:
+            return None
+        return self._misused(key, [])
 
     def _misused(self, thread: int, entered: list[tuple[int, Report, T]]) -> tuple[int, Report, T]:
         """An exit on ``thread``, which has nothing open here while ``entered`` is open elsewhere: whose enter

@@ -462,23 +462,23 @@ def guard_check(guards: Guards) -> Callable[[], bool]:
     def check() -> bool:
         value: Any = None
         for href, cls, name, mapping, vref in reads:
-            holder = value if href is None else href()
-            if type(holder) is not cls:  # also a dead holder (None)
+            if href is not None:  # else a chain (model.mtp.layers): the holder is the value just read
+                value = href()
+            if type(value) is not cls:  # also a dead holder (None)
                 return False
-            ns = holder.__dict__
+            ns = value.__dict__
             if mapping is None:
-                found = ns.get(name)
+                value = ns.get(name)
             elif name in ns:
                 return False
             else:
                 inner = ns.get(mapping)
-                found = inner.get(name) if isinstance(inner, dict) else None
-            value = vref()
-            if found is None or found is not value:
+                value = inner.get(name) if isinstance(inner, dict) else None
+            if value is None or value is not vref():
                 return False
         for cref, cls, how, snapshot in walks:
             container = value if cref is None else cref()
-            if container is None or type(container) is not cls:
+            if type(container) is not cls:  # also a dead container (None)
                 return False
             try:  # iter(): no __len__ call (list() would take it as a hint)
                 if how == _MODULES:

@@ -43,6 +43,7 @@ __all__ = [
 
 log = logging.getLogger("patchreg")
 _LEVELS: dict[int, bool] = getattr(log, "_cache", {})  # logging's own per-logger answers (cleared on setLevel)
+_DEBUG = logging.DEBUG
 
 
 def debugging() -> bool:
@@ -409,9 +410,8 @@ class Installs:
             cancel(self, ledger.waiting)
         taken = ledger.layers
         todo = len(taken) - ledger.unwound
-        for i in range(todo):  # the common case, each layer alone on its stack with one user: checked here
-            layer = taken[i]
-            stack = layer.stack
+        for layer in taken if todo == len(taken) else taken[:todo]:  # the common case, each layer alone on its
+            stack = layer.stack  # stack with one user: checked here
             if layer.count == 1 and len(stack.layers) == 1 and stack.dependents is None:
                 installed = layer.installed
                 if stack.kind == "instance" and type(installed) is Ref:  # layer.owns(stack.current()), inline
@@ -423,7 +423,7 @@ class Installs:
             check_release(to_release(ledger))
             break
         restored = 0
-        debug = _LEVELS.get(logging.DEBUG)
+        debug = _LEVELS.get(_DEBUG)
         if debug is None:
             debug = debugging()
         for i in range(todo - 1, -1, -1):  # last taken first

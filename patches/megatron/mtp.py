@@ -17,6 +17,7 @@ model is the upstream model again. Patches, each gated per release by its predic
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import patchreg
@@ -258,10 +259,10 @@ class MTPReport:
         self.report = report
         self.detach_encoder = detach_encoder
         self.active = True
-        self._models = models or []  # held while the block is active
+        self._models: Sequence[Any] = models or ()  # held while the block is active
         self._after = last_losses.count  # steps numbered after this one belong to the block
         self._losses: tuple[Any, ...] = ()
-        self._cls = type(self._models[0]) if self._models else None
+        self._cls = type(models[0]) if models else None
         #: Set when no model (chunk) holds MTP layers: it returns logits and computes no MTP loss here.
         self.note = note if note is not None else _no_mtp_note(self._models) if self._models else ""
 
@@ -304,7 +305,7 @@ class MTPReport:
         if last_losses.count != self._after:  # a step ran since the block began
             self._losses = self.mtp_loss_tensors
         self.active = False
-        self._models = []
+        self._models = ()
 
     def __str__(self) -> str:
         state = "active" if self.active else "reverted"
@@ -330,7 +331,7 @@ class MTPReport:
 _LOGGED_NO_MTP: list[bool] = []  # the no-MTP note is logged once per process
 
 
-def _has_mtp(models: list[Any]) -> bool:
+def _has_mtp(models: Sequence[Any]) -> bool:
     """Whether any of ``models`` holds an MTP block (nn.Modules: read from ``_modules``, no ``__getattr__``)."""
     for model in models:  # noqa: SIM110 (a loop, not any() over a generator: this runs at every enter)
         if model._modules.get("mtp") is not None:
@@ -338,14 +339,14 @@ def _has_mtp(models: list[Any]) -> bool:
     return False
 
 
-def _no_mtp_note(models: list[Any]) -> str:
+def _no_mtp_note(models: Sequence[Any]) -> str:
     """The report's note when none of ``models`` holds MTP layers (logged once): normal on a pipeline stage."""
     if _has_mtp(models):
         return ""
     return _no_mtp_text(models)
 
 
-def _no_mtp_text(models: list[Any]) -> str:
+def _no_mtp_text(models: Sequence[Any]) -> str:
     """The note for ``models`` that hold no MTP block, logged once per process."""
     note = (
         f"no MTP layers in this {type(models[0]).__name__} (no .mtp block on this model or chunk): it returns logits "
@@ -377,25 +378,31 @@ class mtp_patched(patchreg.Patched[MTPReport]):
         registry: patchreg.Registry | None = None,
         strict: bool = False,
     ) -> None:
-        self.model = model
-        self.detach_encoder = bool(detach_encoder)
-        known = _BY_TYPE[self.detach_encoder].get(type(model))  # a bare model of a class met before: no walk
-        self.patch_set = known if known is not None else patch_set_for(model, self.detach_encoder)
-        super().__init__(registry if registry is not None else patchreg.registry, self.patch_set, model, strict)
+        detach = self.detach_encoder = detach_encoder is True or bool(detach_encoder)
+        known = _BY_TYPE[detach].get(type(model))  # a bare model of a class met before: no walk
+        self.model = self.obj = model
+        self.patch_set = self.target = known if known is not None else patch_set_for(model, detach)
+        # patchreg.Patched.__init__, inline (a block is made per step)
+        self.registry = registry if registry is not None else patchreg.registry
+        self.strict, self._open, self._one_call = strict, None, False
 
     def open(self) -> tuple[patchreg.Report, MTPReport]:
-        models = language_models(self.model)
-        try:  # the GPTModels themselves: what the selectors find through any wrapper, without the walk
-            # a model without MTP layers (a pipeline stage) gets the report's note, not a 'target not found' warning
-            has_mtp = _has_mtp(models)
-            target = models[0] if len(models) == 1 else models
+        model = self.model
+        # the models themselves: what the selectors find through any wrapper, without the walk
+        models = [model] if type(model) in _BY_TYPE[self.detach_encoder] else language_models(model)
+        try:  # a model without MTP layers (a pipeline stage) gets the report's note, not a 'target not found' warning
+            if len(models) == 1:
+                target = models[0]
+                has_mtp = target._modules.get("mtp") is not None  # _has_mtp(models), inline
+            else:
+                target, has_mtp = models, _has_mtp(models)
             report = self.registry.apply(self.patch_set, target, strict=self.strict, warn=None if has_mtp else False)
         except PatchConflictError as exc:
             raise self._conflict(exc) from exc
         return report, MTPReport(report, self.detach_encoder, models, "" if has_mtp else _no_mtp_text(models))
 
-    def close(self, value: MTPReport) -> None:
-        value._close()
+    #: after an exit reverted: the report keeps the losses of the block's last step and lets go of the models
+    close = staticmethod(MTPReport._close)  # type: ignore[assignment]  # one call where a method would make two
 
     def fresh(self) -> mtp_patched:
         return mtp_patched(self.model, self.detach_encoder, registry=self.registry, strict=self.strict)

@@ -360,6 +360,30 @@ def test_decorated_generator_runs_patched_until_it_ends() -> None:
     assert not patchreg.registry.is_active("postprocess_detached", model)
 
 
+@pytest.mark.parametrize("wrapped", [False, True], ids=["bare", "float16"])
+def test_block_is_a_whole_patched_block(wrapped: bool) -> None:
+    """mtp_patched sets every field a patchreg.Patched block has (its __init__ sets them inline) and a
+    block made fresh for a decorated call is a like one."""
+    model = build_gpt(bf16=wrapped)
+    if wrapped:
+        from megatron.core.transformer.module import Float16Module
+
+    target = Float16Module(model.config, model) if wrapped else model
+    registry = patchreg.Registry("mtp-fields")
+    block = mtp_patched(target, detach_encoder=True, registry=registry, strict=True)
+    for made in (block, block.fresh()):
+        fields = {name: getattr(made, name) for name in patchreg.Patched.__slots__}  # AttributeError: one unset
+        assert fields == {
+            "_one_call": False,
+            "_open": None,
+            "obj": target,
+            "registry": registry,
+            "strict": True,
+            "target": MTP_DETACH_SET,
+        }
+        assert made.open_count == 0 and made.patch_set is MTP_DETACH_SET and made.detach_encoder is True
+
+
 def test_one_instance_shared_by_threads() -> None:
     """Threads entering the same mtp_patched instance each exit their own enter; the model ends upstream."""
     model = build_gpt()
