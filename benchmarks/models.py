@@ -209,6 +209,8 @@ def cycles(settings: Settings) -> Section:
         names += [f"wrapt x{n} + manual restore (like for like)"]
         builders += [lambda m: _mock_cycle(m, only), lambda m: _monkeypatch_cycle(m, only)]
         builders += [lambda m: _wrapt_cycle(m, only)]
+    names.append(LOCK_FLOOR)  # information: what the two lock round trips of a cycle cost (no peer takes a lock)
+    builders.append(_lock_cycle)
     for name, builder in zip(names, builders, strict=True):
         if builder is None:
             continue
@@ -219,7 +221,9 @@ def cycles(settings: Settings) -> Section:
     ours_name = names[0]
     for name in variants:
         ratio = cmp.ratio(ours_name, name)
-        section.rows.append((name, cmp.stats[name].us(), "-" if name == ours_name else f"{ratio.median:.3f}x"))
+        section.rows.append(
+            (name, cmp.stats[name].us(), "-" if name in (ours_name, LOCK_FLOOR) else f"{ratio.median:.3f}x")
+        )
     after = _after_a_step(variants, settings)
     for name in variants:
         ratio = after.ratio(ours_name, name)
@@ -227,7 +231,7 @@ def cycles(settings: Settings) -> Section:
             (
                 f"{name}, right after a training step",
                 after.stats[name].us(),
-                "-" if name == ours_name else f"{ratio.median:.3f}x",
+                "-" if name in (ours_name, LOCK_FLOOR) else f"{ratio.median:.3f}x",
             )
         )
     ours_us = cmp.stats[ours_name].median / 1e3
@@ -253,6 +257,18 @@ def cycles(settings: Settings) -> Section:
         section.checks.append(
             Check(f"enter + exit vs {short}, like for like, after a step", f"{r:.3f}x", "<= 1.0x", r <= 1.0)
         )
+    monkeypatch = next((n for n in like if n.startswith("MonkeyPatch")), None)
+    if monkeypatch is not None:  # issue 14: no regression against the 0.97x measured before it (within 1.05x)
+        r = cmp.ratio(ours_name, monkeypatch).median
+        bar = round(0.97 * 1.05, 3)
+        section.checks.append(
+            Check(
+                "enter + exit vs MonkeyPatch, like for like: no regression (issue 14)",
+                f"{r:.3f}x",
+                f"<= {bar}x",
+                r <= bar,
+            )
+        )
     if "mock.patch.object x3" in variants:  # issue 6's old target, kept as information (issue 17)
         r = cmp.ratio(ours_name, "mock.patch.object x3").median
         section.checks.append(Check("enter + exit vs mock.patch.object x3 (information)", f"{r:.3f}x", "-", None))
@@ -276,9 +292,42 @@ def cycles(settings: Settings) -> Section:
         f"(untimed; {settings.after_steps} rounds, sides interleaved), where an RL loop enters and exits: the "
         "caches a step leaves make every side several times dearer than in the tight loop of the rows above, "
         "which are what the targets are checked on.",
+        _lock_note(cmp, after, ours_name),
         *notes,
     ]
     return section
+
+
+LOCK_FLOOR = "(the store's lock, acquired and released twice as one enter + exit does: information)"
+
+
+def _lock_cycle(_model: Any) -> Callable[[], None]:
+    from patchreg._store import LOCK
+
+    acquire, release = LOCK.acquire, LOCK.release
+
+    def op() -> None:
+        acquire()
+        release()
+        acquire()
+        release()
+
+    return op
+
+
+def _lock_note(cmp: Comparison, after: Comparison, ours_name: str) -> str:
+    """How much of our cycle is the lock, which makes two blocks on two threads safe and which no peer takes."""
+    shares = [
+        f"{c.stats[LOCK_FLOOR].median / 1e3:.2f} µs of {c.stats[ours_name].median / 1e3:.2f} µs "
+        f"({c.stats[LOCK_FLOOR].median / c.stats[ours_name].median:.0%}) {where}"
+        for c, where in ((cmp, "in the tight loop"), (after, "right after a step"))
+    ]
+    return (
+        f"The lock row is what thread safety costs at least: {shares[0]}, {shares[1]}. "
+        "Every apply and every revert takes the store's one lock (a block entered on two threads, or two "
+        "registries on one attribute, stay exact); mock, MonkeyPatch and wrapt take none, and their blocks "
+        "on one attribute that two threads exit out of order leave one replacement installed for good."
+    )
 
 
 def _after_a_step(variants: dict[str, Loop], settings: Settings) -> Comparison:
