@@ -21,7 +21,7 @@ from benchmarks import _model
 from benchmarks._peers import PeerUnavailable, Sink, load_verl
 from benchmarks._report import Check, Section
 from benchmarks._settings import Settings
-from benchmarks._timing import Comparison, Loop, compare, looped
+from benchmarks._timing import Comparison, Loop, compare, instructions, looped
 
 #: (holder path from the model, attribute) of the three MTP patches, as mock/monkeypatch/wrapt see them.
 SITES = (("", "_postprocess"), ("mtp.layers.0", "_get_embeddings"), ("mtp.layers.0", "_checkpointed_forward"))
@@ -174,6 +174,7 @@ def cycles(settings: Settings) -> Section:
     )
     mtp = ours()
     variants: dict[str, Callable[[int], object]] = {}
+    ops: dict[str, Callable[[], None]] = {}
     models = {}
     notes = []
     try:
@@ -188,7 +189,7 @@ def cycles(settings: Settings) -> Section:
         "mock.patch.object x3",
         "MonkeyPatch x3 + undo",
         "wrapt x3 + manual restore",
-        "(engine alone: registry.patched(MTP_DETACH_SET, model))",
+        ENGINE,
     ]
     builders = [
         lambda m: _patchreg_cycle(m),
@@ -215,7 +216,8 @@ def cycles(settings: Settings) -> Section:
         if builder is None:
             continue
         models[name] = _model.build()
-        variants[name] = looped(builder(models[name]))
+        ops[name] = builder(models[name])
+        variants[name] = looped(ops[name])
     with _quiet_stdout():
         cmp = compare(variants, number=settings.cycle_ops, repeat=settings.repeat, warmup=2)
     ours_name = names[0]
@@ -277,7 +279,7 @@ def cycles(settings: Settings) -> Section:
         + (f" (skipped by predicate: {', '.join(skipped)})" if skipped else "")
         + "; each side runs on its own freshly built model of the same configuration (so leftovers of one side, "
         "e.g. verl's `_postprocess_backup`, cannot change another's path).",
-        "The last row is the engine alone (`Registry.patched` with the same set, no `mtp_patched` wrapper: no "
+        "The engine-alone row (`Registry.patched` with the same set, no `mtp_patched` wrapper: no "
         "model discovery, no MTP report); the difference to the first row is the patch set's own per-enter work.",
         "mock, MonkeyPatch and wrapt install the same three replacements on the same three attributes "
         "(the model's `_postprocess`, MTP layer 0's `_get_embeddings` and `_checkpointed_forward`), as the "
@@ -293,11 +295,28 @@ def cycles(settings: Settings) -> Section:
         "caches a step leaves make every side several times dearer than in the tight loop of the rows above, "
         "which are what the targets are checked on.",
         _lock_note(cmp, after, ours_name),
+        _instructions_note(ops, [ours_name, *like, ENGINE]),
         *notes,
     ]
     return section
 
 
+def _instructions_note(ops: dict[str, Callable[[], None]], names: list[str]) -> str:
+    """Bytecode instructions per cycle of ours and the like-for-like peers (deterministic; cold, each costs)."""
+    with _quiet_stdout():
+        counts = {name: instructions(ops[name]) for name in names if name in ops}
+    if any(n is None for n in counts.values()):
+        return "Bytecode instructions per cycle: not counted (needs Python 3.12's sys.monitoring, free of other tools)."
+    listed = "; ".join(f"{name.split(' (like')[0]}: {n}" for name, n in counts.items())
+    return (
+        f"Bytecode instructions one cycle executes, every frame counted (`sys.monitoring`; no noise): {listed}. "
+        "In the tight loop ours are cheap ones (plain dict writes where the peers go through "
+        "`nn.Module.__setattr__`); right after a step every instruction, and every C call it makes (the lock, "
+        "weak references), is paid in cold caches."
+    )
+
+
+ENGINE = "(engine alone: registry.patched(MTP_DETACH_SET, model))"
 LOCK_FLOOR = "(the store's lock, acquired and released twice as one enter + exit does: information)"
 
 
