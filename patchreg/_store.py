@@ -406,9 +406,37 @@ class Installs:
         """Drop one user per layer of ``ledger`` (last taken first); all or nothing; how many restored."""
         if ledger.released:
             return 0
+        taken = ledger.layers
+        if not ledger.unwound and _LEVELS.get(_DEBUG) is False and not ledger.waiting:  # the common case, in one
+            holders = []  # pass that checks (each layer an instance install alone on its stack, ours, one user)
+            for layer in taken:
+                stack = layer.stack
+                installed = layer.installed
+                if (
+                    layer.count != 1
+                    or type(installed) is not Ref
+                    or layer.original is not ABSENT
+                    or len(stack.layers) != 1
+                    or stack.dependents is not None
+                    or stack.kind != "instance"
+                ):
+                    break
+                holder, mine = stack.ref(), installed()
+                if holder is None or mine is None or holder.__dict__.get(stack.attr, ABSENT) is not mine:
+                    break
+                holders.append(holder)  # held strongly until restored
+            else:
+                for i in range(len(taken) - 1, -1, -1):  # and one that restores, last taken first
+                    layer = taken[i]
+                    stack = layer.stack
+                    holders[i].__dict__.pop(stack.attr, None)
+                    stack.layers.pop()
+                    layer.count = 0
+                    ledger.unwound += 1  # a retry after an interrupt releases only the rest
+                ledger.released = True
+                return len(taken)
         if ledger.waiting:
             cancel(self, ledger.waiting)
-        taken = ledger.layers
         todo = len(taken) - ledger.unwound
         for layer in taken if todo == len(taken) else taken[:todo]:  # the common case, each layer alone on its
             stack = layer.stack  # stack with one user: checked here
