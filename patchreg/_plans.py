@@ -111,6 +111,7 @@ class Plan:
         "key",
         "name",
         "obj",
+        "owner",
         "plans",
         "refs",
         "skipped",
@@ -127,6 +128,7 @@ class Plan:
     key: tuple[int, ...]
     name: str
     plans: dict[tuple[int, ...], Plan]
+    owner: weakref.ref[Any]  # the registry (its _last: an RL loop's plan is checked first)
     refs: tuple[weakref.ref[Any], ...]  # the target's, then each chunk's
     target: Callable[[], Any]  # refs[0]
     obj: Callable[[], Any]  # the one object's weak reference (for None: returns None; for chunks: never matches)
@@ -183,13 +185,17 @@ class Plan:
         ]
         plan.flat = tuple(flat) if planned else None
         plan.gen, plan.name, plan.plans, plan.key = gen, name, plans, plan_key(target, obj)
+        plan.owner = installs.owner  # weakly
         plans[plan.key] = plan
         return plan
 
     def forget(self, _dead: object = None) -> None:
-        """Drop this plan (its target or object died)."""
+        """Drop this plan (its target or object died), also as the registry's last one (it holds classes)."""
         if self.plans.get(self.key) is self:
             self.plans.pop(self.key, None)
+        owner = self.owner()
+        if owner is not None and owner._last is self:
+            owner._last = None
 
     def matches(self, target: object, obj: Any) -> bool:
         """True when this plan was made for ``target`` on ``obj`` (the same objects, not equal ones)."""
