@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import attrs
 
 from patchreg._drift import Drift, Verified, drift
+from patchreg._format import WIDTH, wrap
 from patchreg._namespace import ABSENT
 from patchreg._predicates import Predicate, always
 from patchreg._targets import ImportPath, Selector, identity, parse_target
@@ -414,10 +415,14 @@ class Report:
             f"patch set {self.name!r}{state}: {self.installed} newly installed, {self.held} held, "
             f"{len(self.skipped)} skipped"
         ]
-        lines += [f"  {e.state:<8} {e.patch:<24} {e.where} (count {e.count})" for e in self.entries]
-        lines += [f"  pending  {name:<24} installed when its module is imported" for name in self.pending]
-        lines += [f"  skipped  {name:<24} {reason}" for name, reason in self.skipped]
-        lines += [f"  {'verified' if d.ok else 'review':<8} {name:<24} {d.text}" for name, d in self.drift]
+        rows = [(e.state, e.patch, f"{e.where} (count {e.count})") for e in self.entries]
+        rows += [("pending", name, "installed when its module is imported") for name in self.pending]
+        rows += [("skipped", name, reason) for name, reason in self.skipped]
+        rows += [("verified" if d.ok else "review", name, d.text) for name, d in self.drift]
+        for label, name, text in rows:  # within WIDTH columns: a long reason goes on under itself
+            lead = f"  {label:<8} {name:<24} "
+            first, *rest = wrap(text, max(WIDTH - len(lead), 40))
+            lines += [lead + first, *(" " * len(lead) + part for part in rest)]
         return "\n".join(lines)
 
     @property

@@ -17,6 +17,7 @@ model is the upstream model again. Patches, each gated per release by its predic
 from __future__ import annotations
 
 import logging
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
@@ -71,6 +72,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger("patchreg")
+_WIDTH = 100  # columns of str(report), as the engine's own reports
 
 _POSTPROCESS_PATH = f"{GPT}:GPTModel._postprocess"
 _LAYER = f"{MTP}:MultiTokenPredictionLayer"
@@ -314,15 +316,9 @@ class MTPReport:
             f"megatron-core {mcore_version()} ({state})"
         )
         losses = ", ".join(f"depth {i + 1}: {loss:.4f}" for i, loss in enumerate(self.mtp_losses))
-        lines = [
-            head,
-            f"  patch set {self.report.name!r}: {self.installed} newly installed, {len(self.skipped)} skipped",
-        ]
-        held = "held" if self.active else "reverted"
-        lines += [f"  {held:<8} {e.patch:<24} {e.holder}.{e.attr}" for e in self.entries]
-        lines += [f"  skipped  {name:<24} {reason}" for name, reason in self.skipped]
-        lines += [f"  note: {self.note}"] if self.note else []
-        return "\n".join([*lines, f"  mtp losses (last step): {losses or 'none yet'}"])
+        lines = [head, str(self.report)]  # the engine's lines: each install, skip (why) and upstream body check
+        lines += textwrap.wrap(f"note: {self.note}", _WIDTH, subsequent_indent="  ") if self.note else []
+        return "\n".join([*lines, f"mtp losses (last step): {losses or 'none yet'}"])
 
     def __repr__(self) -> str:
         return f"<MTPReport detach_encoder={self.detach_encoder} {self.report!r} mtp_losses={self.mtp_losses}>"

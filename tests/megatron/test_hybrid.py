@@ -210,14 +210,15 @@ def test_model_without_mtp_layers_says_so_once(caplog: Any) -> None:
 
 
 def test_report_lines_read_reverted_after_the_block() -> None:
-    """Inside the block the report's install lines read 'held'; after it, 'reverted', like its header."""
+    """Inside the block the report's install lines read 'active'; after it, 'reverted', like its header."""
     model, batch = build_hybrid(), make_batch()
     with mtp_patched(model, detach_encoder=True) as report:
         model(*batch.args(), **batch.kwargs())
         inside = str(report)
     after = str(report)
-    assert "(active)" in inside and "  held     hybrid_forward_detached" in inside
-    assert "(reverted)" in after and "  held " not in after and "  reverted hybrid_forward_detached" in after
+    assert "(active)" in inside and "  active   hybrid_forward_detached" in inside
+    assert "(reverted)" in after and "  active " not in after and "  reverted hybrid_forward_detached" in after
+    assert max(map(len, inside.splitlines() + after.splitlines())) <= 100
     assert f"on {CLASS}" in after and "depth 1:" in after
     names = {e.patch for e in report.entries} | {name for name, _ in report.skipped}
     assert names == set(HYBRID_MTP_DETACH_SET.names)

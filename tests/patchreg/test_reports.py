@@ -144,3 +144,17 @@ def test_warn_false_silences_the_not_found_warning(reg: Registry, caplog: pytest
     with caplog.at_level(logging.WARNING, logger="patchreg"):
         reg.apply(quiet, Model(), warn=False)
     assert [r for r in caplog.records if "expected-absent" in r.getMessage()] == []
+
+
+def test_a_report_fits_one_hundred_columns(reg: Registry) -> None:
+    """`str(report)`: a skip reason too long for one line goes on under itself, every line within 100 columns."""
+    from patchreg import check
+
+    skipped = Patch("someday", "forward", lambda self: "patched", when=check(lambda: (False, WIDE.strip()), "never"))
+    report = reg.apply(PatchSet("set", [FORWARD, skipped]), Model())
+    lines = str(report).splitlines()
+    assert max(map(len, lines)) <= 100 and len(lines) > 3
+    start = next(i for i, line in enumerate(lines) if line.startswith("  skipped  someday"))
+    lead = len("  skipped  ") + 25
+    assert " ".join(line[lead:] for line in lines[start:]) == WIDE.strip()  # all of it, in order
+    assert all(line[:lead].isspace() for line in lines[start + 1 :])
