@@ -13,7 +13,6 @@ from __future__ import annotations
 import gc
 import importlib.util
 import os
-import socket
 import sys
 import warnings
 import weakref
@@ -29,12 +28,11 @@ warnings.filterwarnings("ignore")  # "Apex is not installed", verl's optional en
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import verl  # noqa: E402, F401  (imports patches.verl: VERL_USE_EXTERNAL_MODULES)
+from _tiny import batch, init_single_process, tiny_gpt  # noqa: E402  (examples/_tiny.py)
 
 import patchreg  # noqa: E402
 from patches.megatron import cpu_patched  # noqa: E402
 from patches.verl import engine_report  # noqa: E402
-
-VOCAB, SEQ, BATCH = 64, 8, 2
 
 
 def verl_on_cpu() -> None:
@@ -55,46 +53,6 @@ def verl_on_cpu() -> None:
             return True
 
     set_platform(PlatformCPU())
-
-
-def init_single_process() -> None:
-    """gloo with one rank and Megatron-Core's parallel state for TP=PP=1."""
-    from megatron.core import parallel_state
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(sock.getsockname()[1]))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    parallel_state.initialize_model_parallel(1, 1)
-
-
-def tiny_gpt() -> Any:
-    """A one-layer GPTModel with one MTP depth, fp32, on CPU."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec, get_gpt_mtp_block_spec
-    from megatron.core.models.gpt.gpt_model import GPTModel
-    from megatron.core.tensor_parallel import random as tp_random
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
-    config = TransformerConfig(
-        num_layers=1,
-        hidden_size=32,
-        num_attention_heads=2,
-        use_cpu_initialization=True,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        mtp_num_layers=1,
-        mtp_loss_scaling_factor=0.3,
-    )
-    spec = get_gpt_layer_local_spec()
-    torch.manual_seed(0)
-    tp_random.model_parallel_cuda_manual_seed(0)
-    return GPTModel(
-        config=config,
-        transformer_layer_spec=spec,
-        vocab_size=VOCAB,
-        max_sequence_length=2 * SEQ,
-        mtp_block_spec=get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False),
-    )
 
 
 def engine_class() -> Any:
@@ -127,18 +85,6 @@ def show(label: str, gpt: Any) -> None:
     verls = [k for k in vars(gpt) if k.endswith("_backup")]
     print(f"{label:<7} _postprocess: {getattr(post, '__qualname__', post)} ({'instance' if own else 'class'});")
     print(f"        MTP layers with their own _get_embeddings: {sum(layers)}/{len(layers)}; verl backups: {verls}")
-
-
-def batch() -> dict[str, Any]:
-    """Token ids, positions, a causal mask, labels and a loss mask."""
-    ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
-    return {
-        "input_ids": ids,
-        "position_ids": torch.arange(SEQ).expand(BATCH, SEQ).contiguous(),
-        "attention_mask": torch.triu(torch.ones(SEQ, SEQ, dtype=torch.bool), diagonal=1)[None, None],
-        "labels": torch.roll(ids, -1, dims=1),
-        "loss_mask": torch.ones(BATCH, SEQ),
-    }
 
 
 def main() -> int:
