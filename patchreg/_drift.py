@@ -172,11 +172,16 @@ def drift(verified: Verified, patch: Any = None) -> Drift:
         version = importlib.metadata.version(verified.distribution)
     except importlib.metadata.PackageNotFoundError:
         version = "not installed"
-    where = f"{verified.path.partition(':')[2]}, {verified.distribution} {version}"
+    named = verified.path.partition(":")[2]
+    where = f"{named}, {verified.distribution} {version}"
     try:
-        found = body_fingerprint(_upstream(verified, patch))
+        upstream = _upstream(verified, patch)
+        found = body_fingerprint(upstream)
     except Exception as exc:  # absent, or no source to read: nothing to compare, say so
         return Drift("unreadable", f"cannot read the upstream body of {where} ({type(exc).__name__}: {exc}): review")
+    defined = getattr(upstream, "__qualname__", None)
+    if isinstance(defined, str) and defined != named and not named.endswith(f".{defined}"):
+        where = f"{named}, defined as {defined}, {verified.distribution} {version}"  # inherited: whose body it is
     same = [spec for spec, digest in verified.bodies.items() if digest == found]
     if same:
         return Drift("verified", f"verified against this body ({where}, {found}; as verified for {same[0]})")

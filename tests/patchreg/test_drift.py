@@ -67,6 +67,18 @@ def test_verified_body_reads_verified(upstream: tuple[Path, ModuleType]) -> None
     assert found.text.startswith("verified against this body (area, pytest ")
 
 
+def test_an_inherited_body_is_named_where_it_is_defined(upstream: tuple[Path, ModuleType]) -> None:
+    """A path to a method a subclass inherits (MambaModel.forward on 0.18+) says whose body it is."""
+    path, _ = upstream
+    module = _rewrite(
+        path, BODY + "\n\nclass Base:\n    def forward(self):\n        return 1\n\n\nclass Child(Base):\n    pass\n"
+    )
+    found = drift(Verified("pytest", "drift_upstream:Child.forward", {">=1": body_fingerprint(module.Base.forward)}))
+    assert found.ok and "(Child.forward, defined as Base.forward, pytest " in found.text
+    own = drift(Verified("pytest", "drift_upstream:Base.forward", {">=1": body_fingerprint(module.Base.forward)}))
+    assert "defined as" not in own.text and "(Base.forward, pytest " in own.text
+
+
 def test_body_changed_under_the_same_signature_reads_review(upstream: tuple[Path, ModuleType]) -> None:
     """A function whose code changed but whose signature did not is caught: "changed since verification"."""
     import inspect
