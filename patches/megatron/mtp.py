@@ -374,13 +374,11 @@ class mtp_patched(patchreg.Patched[MTPReport]):
         registry: patchreg.Registry | None = None,
         strict: bool = False,
     ) -> None:
-        detach = self.detach_encoder = detach_encoder is True or bool(detach_encoder)
+        detach = self.detach_encoder = bool(detach_encoder)
         known = _BY_TYPE[detach].get(type(model))  # a bare model of a class met before: no walk
-        self.model = self.obj = model
-        self.patch_set = self.target = known if known is not None else patch_set_for(model, detach)
-        # patchreg.Patched.__init__, inline (a block is made per step)
-        self.registry = registry if registry is not None else patchreg.registry
-        self.strict, self._open, self._one_call = strict, None, False
+        self.model = model
+        self.patch_set = known if known is not None else patch_set_for(model, detach)
+        super().__init__(registry if registry is not None else patchreg.registry, self.patch_set, model, strict)
 
     def open(self) -> tuple[patchreg.Report, MTPReport]:
         model = self.model

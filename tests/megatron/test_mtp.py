@@ -362,8 +362,8 @@ def test_decorated_generator_runs_patched_until_it_ends() -> None:
 
 @pytest.mark.parametrize("wrapped", [False, True], ids=["bare", "float16"])
 def test_block_is_a_whole_patched_block(wrapped: bool) -> None:
-    """mtp_patched sets every field a patchreg.Patched block has (its __init__ sets them inline) and a
-    block made fresh for a decorated call is a like one."""
+    """mtp_patched is a whole patchreg.Patched block (every field set, to the model's patch set and the given
+    registry), and a block made fresh for a decorated call is a like one."""
     model = build_gpt(bf16=wrapped)
     if wrapped:
         from megatron.core.transformer.module import Float16Module
