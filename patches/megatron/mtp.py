@@ -381,15 +381,11 @@ class mtp_patched(patchreg.Patched[MTPReport]):
         super().__init__(registry if registry is not None else patchreg.registry, self.patch_set, model, strict)
 
     def open(self) -> tuple[patchreg.Report, MTPReport]:
-        model = self.model
-        # the models themselves: what the selectors find through any wrapper, without the walk
-        models = [model] if type(model) in _BY_TYPE[self.detach_encoder] else language_models(model)
-        try:  # a model without MTP layers (a pipeline stage) gets the report's note, not a 'target not found' warning
-            if len(models) == 1:
-                target = models[0]
-                has_mtp = target._modules.get("mtp") is not None  # _has_mtp(models), inline
-            else:
-                target, has_mtp = models, _has_mtp(models)
+        models = language_models(self.model)
+        try:  # the models themselves: what the selectors find through any wrapper, without the walk
+            # a model without MTP layers (a pipeline stage) gets the report's note, not a 'target not found' warning
+            has_mtp = _has_mtp(models)
+            target = models[0] if len(models) == 1 else models
             report = self.registry.apply(self.patch_set, target, strict=self.strict, warn=None if has_mtp else False)
         except PatchConflictError as exc:
             raise self._conflict(exc) from exc
