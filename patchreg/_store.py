@@ -438,8 +438,9 @@ class Installs:
         if ledger.waiting:
             cancel(self, ledger.waiting)
         todo = len(taken) - ledger.unwound
-        for layer in taken if todo == len(taken) else taken[:todo]:  # the common case, each layer alone on its
-            stack = layer.stack  # stack with one user: checked here
+        for i in range(todo):  # each layer alone on its stack with one user is checked here, the rest by check_release
+            layer = taken[i]
+            stack = layer.stack
             if layer.count == 1 and len(stack.layers) == 1 and stack.dependents is None:
                 installed = layer.installed
                 if stack.kind == "instance" and type(installed) is Ref:  # layer.owns(stack.current()), inline
