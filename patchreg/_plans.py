@@ -1,4 +1,5 @@
-"""Plans and guards: the one hot path, and the only place where code is inlined for speed.
+"""Plans: the one hot path, and (with the guards it checks, :mod:`patchreg._guards`) the only place where
+code is inlined for speed.
 
 An apply of a Patch or PatchSet on an object is resolved fully the first time (selectors walked,
 predicates evaluated, every check made); on the second apply of the same set on the same object a
@@ -9,7 +10,6 @@ guards show that resolving again would find the same holders.
 from __future__ import annotations
 
 import logging
-import operator
 import time
 import types
 import weakref
@@ -17,11 +17,12 @@ from collections.abc import Callable
 from typing import Any
 
 from patchreg._checks import check_mapping, check_patchable, name_patch, report_skips, warn_not_found
+from patchreg._guards import Guards, guard_check, trace
 from patchreg._namespace import ABSENT, bind_like, label
 from patchreg._predicates import on_refresh
 from patchreg._records import Patch, PatchSet
 from patchreg._store import _LEVELS, LOCK, SEQUENCE, Installs, InstallStack, Layer, Ledger, Owner, debugging, weak_or_id
-from patchreg._targets import _NOT_INSTANCES, _UNSET, Miss, Selector, Site, _by_values, class_attr, identity
+from patchreg._targets import Miss, Site, identity
 from patchreg.exceptions import PatchError
 
 __all__ = [
@@ -29,20 +30,14 @@ __all__ = [
     "Trace",
     "Work",
     "apply_planned",
-    "guard_check",
     "locate",
     "plan_key",
     "resolve",
     "resolve_all",
-    "trace",
 ]
 
 log = logging.getLogger("patchreg")
 
-#: ``(reads, walks)``: reads are ``(holder ref or None for the previous read's value, holder type, name,
-#: mapping name or None, value ref)``; walks are
-#: ``(container ref, container type, how it is walked (_ITER, _VALUES, _MODULES), element refs)``.
-Guards = tuple[tuple[tuple[Any, ...], ...], tuple[tuple[Any, ...], ...]]
 #: One unit of an apply: (patch, holder, attribute).
 Work = tuple[Patch, Any, str]
 #: What an apply traced per patch for a plan: (patch, the predicate's skip reason, sites and guards).
@@ -408,191 +403,3 @@ def resolve(patch: Patch, obj: Any) -> list[Site] | str:
     for holder, attr in found:
         check_patchable(patch, holder, attr)
     return found
-
-
-# -- traces and guards ------------------------------------------------------------
-
-
-def trace(selector: Selector, obj: Any) -> tuple[list[Site], Guards] | None:
-    """The sites on ``obj`` and the guards that tell cheaply whether a later resolution finds them again.
-
-    None when the walk passes through something guards cannot follow (an unwrap, a class
-    attribute or property, a plain list, an object without weak references): the caller
-    then resolves every time. Guards hold only weak references.
-    """
-    chunks = obj if isinstance(obj, (list, tuple)) else (obj,)
-    reads: list[tuple[Any, ...]] = []
-    walks: list[tuple[Any, ...]] = []
-    sites: list[Site] = []
-    for chunk in chunks:
-        holders = [chunk]
-        for step in selector._steps[:-1]:
-            nxt: list[Any] = []
-            for holder in holders:
-                value = _traced_get(holder, step.name, reads)
-                if value is _UNSET:
-                    return None
-                items = [value]
-                for index in step.indices:
-                    selected = _traced_select(items, index, walks)
-                    if selected is None:
-                        return None
-                    items = selected
-                nxt.extend(items)
-            holders = nxt
-        attr = selector._steps[-1].name
-        for holder in holders:  # the attribute must come from the class (its type is checked at apply)
-            if isinstance(holder, _NOT_INSTANCES) or class_attr(type(holder), attr, _UNSET) is _UNSET:
-                return None
-        sites.extend(Site(holder, attr) for holder in holders)
-    return sites, (tuple(reads), tuple(walks))
-
-
-def guard_check(guards: Guards) -> Callable[[], bool]:
-    """A function that is True while every read and walk of a trace would find the same objects again.
-
-    It closes over the guards' weak references only. Each read's holder must still be of the class
-    it had (a ``__class__ =`` can bring a property or another ``__getattr__``). A walk whose container
-    is the value of the last read takes it from there rather than through its own reference.
-    """
-    reads, walks = guards
-    if not reads and not walks:
-        return _always
-    last = reads[-1][4]() if reads else None
-    walks = tuple(
-        (None if last is not None and cref() is last else cref, cls, how, snapshot)
-        for cref, cls, how, snapshot in walks
-    )
-    is_ = operator.is_
-
-    def check() -> bool:
-        value: Any = None
-        for href, cls, name, mapping, vref in reads:
-            if href is not None:  # else a chain (model.mtp.layers): the holder is the value just read
-                value = href()
-            if type(value) is not cls:  # also a dead holder (None)
-                return False
-            ns = value.__dict__
-            if mapping is None:
-                value = ns.get(name)
-            elif name in ns:
-                return False
-            else:
-                inner = ns.get(mapping)
-                value = inner.get(name) if isinstance(inner, dict) else None
-            if value is None or value is not vref():
-                return False
-        for cref, cls, how, snapshot in walks:
-            container = value if cref is None else cref()
-            if type(container) is not cls:  # also a dead container (None)
-                return False
-            try:  # iter(): no __len__ call (list() would take it as a hint)
-                if how == _MODULES:
-                    elements = list(container.__dict__["_modules"].values())
-                else:
-                    elements = list(container.values()) if how else list(iter(container))
-            except Exception:  # a container's own code: any failure means resolve again
-                return False
-            if len(elements) != len(snapshot):
-                return False
-            if len(elements) == 1:
-                if elements[0] is not snapshot[0]():
-                    return False
-            elif not all(map(is_, elements, [r() for r in snapshot])):
-                return False
-        return True
-
-    return check
-
-
-def _always() -> bool:
-    return True
-
-
-def _weak(obj: Any) -> Any:
-    try:
-        return weakref.ref(obj)
-    except TypeError:
-        return None
-
-
-def _traced_get(holder: Any, name: str, reads: list[tuple[Any, ...]]) -> Any:
-    """``getattr(holder, name)`` where a guard can re-check it: from the instance ``__dict__``, or from
-    one of the dicts in it (``nn.Module._modules``) when the class's ``__getattr__`` serves it."""
-    cls = type(holder)
-    ns = getattr(holder, "__dict__", None)
-    if type(ns) is not dict or cls.__getattribute__ is not object.__getattribute__:  # type: ignore[comparison-overlap]
-        return _UNSET
-    raw = class_attr(cls, name, _UNSET)
-    if raw is not _UNSET and (name not in ns or hasattr(type(raw), "__set__")):
-        return _UNSET  # served by the class (a property, a descriptor): not followed
-    mapping = None
-    if name in ns:
-        value = ns[name]
-    else:
-        value = getattr(holder, name, _UNSET)
-        if value is _UNSET:
-            return _UNSET
-        for key, inner in list(ns.items()):  # a copy: another thread may install into this __dict__ meanwhile
-            if isinstance(inner, dict) and inner.get(name, _UNSET) is value:
-                mapping = key
-                break
-        else:
-            return _UNSET
-    href, vref = _weak(holder), _weak(value)
-    if href is None or vref is None:
-        return _UNSET
-    if reads and reads[-1][4]() is holder:  # a chain (model.mtp.layers): the holder is the value just read
-        href = None
-    reads.append((href, cls, name, mapping, vref))
-    return value
-
-
-_ITER, _VALUES, _MODULES = 0, 1, 2  # how a guard walks a container: iter(), .values(), its _modules dict's values
-#: torch's containers whose iteration (or .values()) is exactly their ``_modules`` dict's values
-_MODULE_CONTAINERS = {
-    ("ModuleList.__iter__", False),
-    ("Sequential.__iter__", False),
-    ("ModuleDict.values", True),
-}
-
-
-def _walks_modules(value: Any, by_values: bool, elements: list[Any]) -> bool:
-    """Whether ``value`` is a torch container whose walk is its ``_modules`` dict's values (a guard reads that
-    dict, a C-level walk, instead of calling the container's Python ``__iter__``)."""
-    fn = getattr(type(value), "values" if by_values else "__iter__", None)
-    if (getattr(fn, "__qualname__", None), by_values) not in _MODULE_CONTAINERS:
-        return False
-    if getattr(fn, "__module__", None) != "torch.nn.modules.container":
-        return False
-    modules = vars(value).get("_modules")
-    return type(modules) is dict and all(map(operator.is_, modules.values(), elements))
-
-
-def _traced_select(items: list[Any], index: str, walks: list[tuple[Any, ...]]) -> list[Any] | None:
-    """:func:`_select` over weakly referenceable containers and elements, recording each walk.
-
-    Each container is iterated once: the elements selected are the ones its guard recorded.
-    """
-    selected: list[Any] = []
-    for value in items:
-        if isinstance(value, (list, tuple, str, bytes)):
-            return None
-        by_values = _by_values(value)
-        try:
-            elements = list(value.values() if by_values else value)
-        except Exception:
-            return None
-        cref, snapshot = _weak(value), tuple(_weak(e) for e in elements)
-        if cref is None or None in snapshot:
-            return None
-        how = _MODULES if _walks_modules(value, by_values, elements) else _VALUES if by_values else _ITER
-        walks.append((cref, type(value), how, snapshot))
-        if index == "*":
-            selected.extend(elements)
-            continue
-        i = int(index)
-        if not -len(elements) <= i < len(elements):
-            return None
-        selected.append(elements[i])
-    return selected or None
