@@ -21,7 +21,19 @@ from patchreg._guards import Guards, guard_check, trace
 from patchreg._namespace import ABSENT, bind_like, label
 from patchreg._predicates import on_refresh
 from patchreg._records import Patch, PatchSet
-from patchreg._store import _LEVELS, LOCK, SEQUENCE, Installs, InstallStack, Layer, Ledger, Owner, debugging, weak_or_id
+from patchreg._store import (
+    _LEVELS,
+    LOCK,
+    SEQUENCE,
+    Installs,
+    InstallStack,
+    Layer,
+    Ledger,
+    Owner,
+    Ref,
+    debugging,
+    weak_or_id,
+)
 from patchreg._targets import Miss, Site, identity
 from patchreg.exceptions import PatchError
 
@@ -99,6 +111,7 @@ class Plan:
 
     __slots__ = (
         "__weakref__",
+        "clean",
         "flat",
         "gen",
         "holds",
@@ -113,9 +126,11 @@ class Plan:
         "target",
     )
 
-    #: every planned install, when all are:
-    #: (patch, stack, holder type, *class read, bind mode, attr, replacement, stack.layers)
-    flat: tuple[tuple[Patch, InstallStack, type, Any, Any, Any, Any, int, str, Any, list[Layer]], ...] | None
+    #: every planned install, when all are: (patch, stack, holder type, the class's namespace and what it stores
+    #: (:func:`_class_read`), (MRO, namespaces above) or None, bind mode, attr, replacement, what the layer holds
+    #: of a plain install (its weak reference or identity), stack.layers)
+    flat: tuple[tuple[Patch, InstallStack, type, Any, Any, Any, int, str, Any, Any, list[Layer]], ...] | None
+    clean: bool  # every install on an instance, held by weak reference: see Ledger.clean
     skipped: tuple[tuple[str, str], ...]  # the predicate skips
     gen: int
     holds: Callable[[], bool]  # the guards as one check: True while resolving again would find the same holders
@@ -174,11 +189,14 @@ class Plan:
         plan.skipped = tuple((p.name, reason) for p, reason, _e in items if reason is not None)
         planned = all(reason is not None or entries is not None for _p, reason, entries in items)
         flat = [
-            (p, stack, cls, *seen, mode, stack.attr, p.replacement, stack.layers)
+            (p, stack, cls, view, raw, (mro, above) if above else None, mode, stack.attr, p.replacement,
+             weak_or_id(p.replacement) if mode == _PLAIN else None, stack.layers)
             for p, _r, entries in items
-            for stack, cls, seen, mode in entries or ()
-        ]
+            for stack, cls, (mro, above, view, raw), mode in entries or ()
+        ]  # fmt: skip
         plan.flat = tuple(flat) if planned else None
+        #: whether a clean apply of every entry makes a ledger whose release checks only what can change since
+        plan.clean = bool(flat) and planned and all(e[6] == _METHOD or type(e[9]) is Ref for e in flat)
         plan.gen, plan.name, plan.plans, plan.key = gen, name, plans, plan_key(target, obj)
         plan.owner = installs.owner  # weakly
         plans[plan.key] = plan
@@ -291,9 +309,10 @@ def apply_planned(owner: Owner, installs: Installs, plan: Plan, strict: bool, wa
         report_skips(plan.name, list(plan.skipped), strict, [p for p, _r, _e in plan.items])
     ledger = _new(Ledger)  # Ledger(owner, plan.name, plan.skipped), inline
     ledger.owner, ledger.set_name, ledger.skips, ledger.layers = owner, plan.name, plan.skipped, []
-    ledger.waiting, ledger.released, ledger.unwound = _NO_WAITING, False, 0
+    ledger.waiting, ledger.released, ledger.unwound, ledger.clean = _NO_WAITING, False, 0, False
     layers = ledger.layers
-    installed = 0
+    shared = 0  # installs.take() calls that found the patch installed and counted a user
+    clean = plan.clean
     LOCK.acquire()  # acquire/release: a third of what a with statement costs here
     try:
         if installs.dead:
@@ -303,30 +322,33 @@ def apply_planned(owner: Owner, installs: Installs, plan: Plan, strict: bool, wa
         if debug is None:
             debug = debugging()
         try:
-            for patch, stack, cls, mro, above, view, raw, mode, attr, replacement, layers_on in plan.flat:  # type: ignore[union-attr]
+            for patch, stack, cls, view, raw, shadow, mode, attr, replacement, held, layers_on in plan.flat:  # type: ignore[union-attr]
                 holder = stack.ref()
                 if (  # died (None), class swapped, or the class's attribute changed (deleted, replaced, shadowed)
                     type(holder) is not cls
                     or view.get(attr, ABSENT) is not raw
-                    or (above and _class_changed(cls, attr, mro, above, view, raw))
+                    or (shadow is not None and _class_changed(cls, attr, shadow[0], shadow[1], view, raw))
                 ):
                     raise _Stale  # resolve again
                 ns = holder.__dict__
                 if mode and not layers_on and attr not in ns:  # the clean case, checked when planned
-                    value = replacement if mode == _PLAIN else _MethodType(replacement, holder)
+                    if mode == _METHOD:
+                        value = _MethodType(replacement, holder)
+                        held = _Ref(value)
+                    else:
+                        value = replacement  # held: its weak reference (or identity), made when planned
                     ns[attr] = value
                     layer = _new(Layer)  # Layer(patch, stack, value, now, ABSENT), inline
                     layer.patch, layer.stack, layer.count, layer.since = patch, stack, 1, now
-                    layer.seq, layer.original = next(SEQUENCE), ABSENT
-                    layer.installed = _Ref(value) if mode == _METHOD else weak_or_id(value)
+                    layer.seq, layer.original, layer.installed = next(SEQUENCE), ABSENT, held
                     layers_on.append(layer)
                     layers.append(layer)
-                    installed += 1
                     if debug:
                         log.debug("patchreg: installed %s on %s.%s", patch.name, label(holder), attr)
                 else:
                     check_patchable(patch, holder, attr)
-                    installed += installs.take(patch, holder, attr, ledger, now)
+                    shared += 1 - installs.take(patch, holder, attr, ledger, now)
+                    clean = False
         except _Stale:
             installs.release(ledger)
             return None
@@ -335,7 +357,7 @@ def apply_planned(owner: Owner, installs: Installs, plan: Plan, strict: bool, wa
             raise
     finally:
         LOCK.release()
-    ledger.new_installs = installed
+    ledger.new_installs, ledger.clean = len(layers) - shared, clean
     return ledger
 
 

@@ -248,7 +248,7 @@ class Ledger(Report):
     hooks write them. One object, not a report wrapping a ledger: an apply allocates it once.
     """
 
-    __slots__ = ("layers", "new_installs", "owner", "released", "set_name", "skips", "unwound", "waiting")
+    __slots__ = ("clean", "layers", "new_installs", "owner", "released", "set_name", "skips", "unwound", "waiting")
 
     def __init__(self, owner: Owner, name: str, skipped: tuple[tuple[str, str], ...] = ()) -> None:
         self.owner = owner
@@ -259,6 +259,9 @@ class Ledger(Report):
         self.released = False
         self.unwound = 0  # how many layers, from the end, were released (an interrupted release resumes)
         self.new_installs = 0
+        #: every layer a planned clean install (an instance attribute absent before, the installed object held
+        #: by weak reference, no lazy patch): its release checks only what can have changed since
+        self.clean = False
 
 
 class Checkpoint:
@@ -407,21 +410,13 @@ class Installs:
         if ledger.released:
             return 0
         taken = ledger.layers
-        if not ledger.unwound and _LEVELS.get(_DEBUG) is False and not ledger.waiting:  # the common case, in one
-            holders = []  # pass that checks (each layer an instance install alone on its stack, ours, one user)
+        if ledger.clean and not ledger.unwound and _LEVELS.get(_DEBUG) is False:  # the common case, in one pass
+            holders = []  # that checks (each layer alone on its stack with one user, what it installed still there)
             for layer in taken:
                 stack = layer.stack
-                installed = layer.installed
-                if (
-                    layer.count != 1
-                    or type(installed) is not Ref
-                    or layer.original is not ABSENT
-                    or len(stack.layers) != 1
-                    or stack.dependents is not None
-                    or stack.kind != "instance"
-                ):
+                if layer.count != 1 or len(stack.layers) != 1 or stack.dependents is not None:
                     break
-                holder, mine = stack.ref(), installed()
+                holder, mine = stack.ref(), layer.installed()
                 if holder is None or mine is None or holder.__dict__.get(stack.attr, ABSENT) is not mine:
                     break
                 holders.append(holder)  # held strongly until restored

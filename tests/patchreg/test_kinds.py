@@ -67,6 +67,28 @@ def test_value_on_one_config_object_leaves_other_configs_alone(patch_registry: R
     assert vars(model.config) == before and model.config.mtp_detach_heads is False
 
 
+class _Settings:
+    flag: object = False  # a class default: an instance's own value is absent until set
+
+
+@pytest.mark.parametrize("value", [True, 10**30, plain("v")], ids=["bool", "big-int", "function"])
+def test_a_planned_value_patch_is_restored_at_every_exit(patch_registry: Registry, value: object) -> None:
+    """Block after block (the plan re-used) a value is set on an instance and removed again, whether or not it can
+    be weakly referenced; a write over it inside the block is still found at the exit."""
+    settings = _Settings()
+    patch = Patch("flag", "flag", value, kind="value")
+    for _ in range(4):
+        with patch_registry.patched(patch, settings) as report:
+            assert vars(settings) == {"flag": value} and report.installed == 1
+        assert vars(settings) == {}
+    block = patch_registry.patched(patch, settings)
+    with pytest.raises(PatchOwnershipError, match="someone patched over it"), block:
+        settings.flag = "theirs"
+    settings.flag = value  # ours again: the exit can be retried
+    block.__exit__(None, None, None)
+    assert vars(settings) == {}
+
+
 def test_value_patch_installs_a_callable_as_it_is(patch_registry: Registry) -> None:
     """A callable given as a value is installed unbound (no method binding), unlike kind='replace'."""
     leaf = sample.Leaf()
