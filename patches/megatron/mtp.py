@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import textwrap
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import patchreg
 from patches.megatron._compat import GPT, MTP, mcore_version, parameters, upstream
@@ -364,7 +364,7 @@ class mtp_patched(patchreg.Patched[MTPReport]):
     enters nest and are per thread, and misuse (exit twice, exit without enter) is handled there.
     """
 
-    __slots__ = ("detach_encoder", "model", "patch_set")
+    __slots__ = ("detach_encoder",)
 
     def __init__(
         self,
@@ -376,17 +376,26 @@ class mtp_patched(patchreg.Patched[MTPReport]):
     ) -> None:
         detach = self.detach_encoder = bool(detach_encoder)
         known = _BY_TYPE[detach].get(type(model))  # a bare model of a class met before: no walk
-        self.model = model
-        self.patch_set = known if known is not None else patch_set_for(model, detach)
-        super().__init__(registry if registry is not None else patchreg.registry, self.patch_set, model, strict)
+        patch_set = known if known is not None else patch_set_for(model, detach)
+        super().__init__(registry if registry is not None else patchreg.registry, patch_set, model, strict)
+
+    @property
+    def model(self) -> Any:
+        """The model (or chunks) the block patches: the block's object."""
+        return self.obj
+
+    @property
+    def patch_set(self) -> PatchSet:
+        """The patch set for this model and ``detach_encoder``: the block's target."""
+        return cast(PatchSet, self.target)
 
     def open(self) -> tuple[patchreg.Report, MTPReport]:
-        models = language_models(self.model)
+        models = language_models(self.obj)
         try:  # the models themselves: what the selectors find through any wrapper, without the walk
             # a model without MTP layers (a pipeline stage) gets the report's note, not a 'target not found' warning
             has_mtp = _has_mtp(models)
             target = models[0] if len(models) == 1 else models
-            report = self.registry.apply(self.patch_set, target, strict=self.strict, warn=None if has_mtp else False)
+            report = self.registry.apply(self.target, target, strict=self.strict, warn=None if has_mtp else False)
         except PatchConflictError as exc:
             raise self._conflict(exc) from exc
         return report, MTPReport(report, self.detach_encoder, models, "" if has_mtp else _no_mtp_text(models))
