@@ -48,10 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings.fast() if args.quick else Settings.full()
     started = time.perf_counter()
 
-    from benchmarks import engine, models
+    from benchmarks import cycles, engine, models
 
     sections: list[Section] = []
-    sections += _run(1, "enter + exit vs the peers", lambda: models.cycles(settings))
+    sections += _run(1, "enter + exit vs the peers", lambda: cycles.cycles(settings))
     sections += _run(2, "scaling", lambda: models.scaling(settings))
     sections += _run(3, "call overhead", lambda: engine.call_overhead(settings))
     sections += _run(
