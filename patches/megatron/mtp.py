@@ -31,6 +31,7 @@ from patches.megatron._hybrid import (
 )
 from patches.megatron._layers import checkpointed_forward, get_embeddings_detached
 from patches.megatron._loss import last_losses
+from patches.megatron._models import _BY_TYPE as _KNOWN
 from patches.megatron._models import (
     GPT_FAMILY,
     HYBRID,
@@ -390,11 +391,14 @@ class mtp_patched(patchreg.Patched[MTPReport]):
         return cast(PatchSet, self.target)
 
     def open(self) -> tuple[patchreg.Report, MTPReport]:
-        models = language_models(self.obj)
-        try:  # the models themselves: what the selectors find through any wrapper, without the walk
-            # a model without MTP layers (a pipeline stage) gets the report's note, not a 'target not found' warning
-            has_mtp = _has_mtp(models)
+        model = self.obj
+        if type(model) in _KNOWN:  # a bare model of a class met before: language_models' own first answer
+            target, models, has_mtp = model, (model,), model._modules.get("mtp") is not None
+        else:  # the models themselves: what the selectors find through any wrapper, without the walk
+            models = language_models(model)
+            has_mtp = _has_mtp(models)  # without MTP layers (a pipeline stage): the report's note, no warning
             target = models[0] if len(models) == 1 else models
+        try:
             report = self.registry.apply(self.target, target, strict=self.strict, warn=None if has_mtp else False)
         except PatchConflictError as exc:
             raise self._conflict(exc) from exc
