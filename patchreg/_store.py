@@ -411,20 +411,21 @@ class Installs:
             return 0
         taken = ledger.layers
         if ledger.clean and not ledger.unwound and _LEVELS.get(_DEBUG) is False:  # the common case, in one pass
-            holders = []  # that checks (each layer alone on its stack with one user, what it installed still there)
+            todo = []  # that checks (each layer alone on its stack with one user, what it installed still there)
             for layer in taken:
                 stack = layer.stack
                 if layer.count != 1 or len(stack.layers) != 1 or stack.dependents is not None:
                     break
                 holder, mine = stack.ref(), layer.installed()
-                if holder is None or mine is None or holder.__dict__.get(stack.attr, ABSENT) is not mine:
+                if holder is None or mine is None:
                     break
-                holders.append(holder)  # held strongly until restored
+                ns = holder.__dict__
+                if ns.get(stack.attr, ABSENT) is not mine:
+                    break
+                todo.append((ns, stack, layer))
             else:
-                for i in range(len(taken) - 1, -1, -1):  # and one that restores, last taken first
-                    layer = taken[i]
-                    stack = layer.stack
-                    holders[i].__dict__.pop(stack.attr, None)
+                for ns, stack, layer in reversed(todo):  # and one that restores, last taken first
+                    ns.pop(stack.attr, None)
                     stack.layers.pop()
                     layer.count = 0
                     ledger.unwound += 1  # a retry after an interrupt releases only the rest
