@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import patchreg
 from benchmarks import _model
@@ -13,6 +14,7 @@ from benchmarks._sides import (
     ENGINE,
     LOCK_FLOOR,
     SITES,
+    _apply_revert,
     _engine_cycle,
     _lock_cycle,
     _mock_cycle,
@@ -178,6 +180,7 @@ def cycles(settings: Settings) -> Section:
         "other sides run between two cycles of one side; mock, MonkeyPatch and wrapt all go through "
         "`nn.Module.__setattr__` and `__delattr__`, so they keep that code in cache for one another, while our "
         "code is shared with the engine-alone row only and is evicted further between two of its cycles.",
+        _cold_profile(settings),
         _lock_note(cmp, after, ours_name),
         _instructions_note(ops, [ours_name, *like, ENGINE]),
         *notes,
@@ -228,3 +231,47 @@ def _after_a_step(variants: dict[str, Loop], settings: Settings) -> Comparison:
             warmup=2,
             before=lambda: _step.forward_backward(model, batch),
         )
+
+
+class _Slotted:
+    __slots__ = ("a", "b", "c", "d")
+
+    def __init__(self, a: Any, b: Any) -> None:
+        self.a, self.b, self.c, self.d = a, b, None, False
+
+
+def _cold_profile(settings: Settings) -> str:
+    """What pieces of a cycle cost right after a training step, each timed alone (interleaved, as the rows)."""
+    import types
+    import weakref
+
+    model = _model.build()
+    mtp = ours()
+    layer = model.mtp.layers[0]
+
+    def method(self: Any) -> None:
+        return None
+
+    def bound() -> None:
+        first, second = types.MethodType(method, model), types.MethodType(method, layer)
+        weakref.ref(first), weakref.ref(second)
+
+    pieces: dict[str, Callable[[], object]] = {
+        "nothing (the timer)": lambda: None,
+        "a small slotted object built": lambda: _Slotted(model, layer),
+        "two bound methods and their weak references": bound,
+        "the lock twice": _lock_cycle(model),
+        "mtp_patched(model) built, not entered": lambda: mtp.mtp_patched(model, detach_encoder=True),
+        "registry.apply + revert (no block)": _apply_revert(model),
+        "the whole block": _patchreg_cycle(model),
+    }
+    for op in pieces.values():  # plans made, caches settled
+        for _ in range(3):
+            op()
+    found = _after_a_step({name: looped(op) for name, op in pieces.items()}, settings)
+    listed = "; ".join(f"{name} {found.stats[name].median / 1e3:.2f}" for name in pieces)
+    return (
+        "Right after a step, what pieces of our cycle cost, each timed alone (medians, µs, the same harness): "
+        f"{listed}. Cold, a cycle pays for each call, allocation and C call it makes more than for its "
+        "instructions."
+    )
