@@ -45,6 +45,9 @@ class Block(Counting):
         super().__init__()
         self.layers = nn.ModuleList([Leaf(t) for t in tags])
 
+    def probe(self) -> str:
+        return "block"
+
 
 class Root(Counting):
     def __init__(self, n: int) -> None:
@@ -78,7 +81,10 @@ OTHER_BLOCK = Block("other")
 
 
 LAYERS = Patch("layers", "mtp.layers[*].probe", plain("patched"))
-SET = PatchSet("modules", (Patch("own", "probe", plain("own")), LAYERS))
+OWN = Patch("own", "probe", plain("own"))
+SET = PatchSet("modules", (OWN, LAYERS))
+#: the block's own method too: its guard reads model.mtp twice, which the general guard check follows
+MIXED = PatchSet("modules-mixed", (OWN, Patch("block", "mtp.probe", plain("block patched")), LAYERS))
 
 
 def patched(root: Root) -> list[str]:
@@ -95,8 +101,8 @@ def walks(registry: Registry, root: Root, target: Patch | PatchSet = SET) -> tup
     with registry.patched(target, root) as report:
         served = SERVED[0] - before
         inside = patched(root)
-        assert root.probe() == ("own" if target is SET else "root")
-        installed = report.installed - (target is SET)
+        assert root.probe() == ("root" if target is LAYERS else "own")
+        installed = sum(1 for entry in report.entries if entry.patch == "layers")
     assert "probe" not in vars(root)
     return served, inside, installed
 
@@ -173,13 +179,14 @@ def test_an_unchanged_model_re_uses_its_plan(n: int) -> None:
     assert walks(registry, root) == (0, [f"layer{i}" for i in range(n)], n)
 
 
-@pytest.mark.parametrize("target", [SET, LAYERS], ids=["with-the-root", "layers-alone"])
+@pytest.mark.parametrize("target", [SET, LAYERS, MIXED], ids=["with-the-root", "layers-alone", "with-the-block"])
 @pytest.mark.parametrize("n", [1, 2])
 @pytest.mark.parametrize("change", list(CHANGES))
 def test_a_rebuilt_model_is_patched_where_a_fresh_resolution_finds(change: str, n: int, target: Any) -> None:
     """After each change the apply resolves again, patches what a fresh resolution finds, and restores all.
 
-    With the root patched too its own install checks its class; alone, the layers' guards must."""
+    With the root patched too its own install checks its class; alone, the layers' guards must. With the block's
+    own method patched as well, the guards take the general check instead of the straight-line one."""
     registry, root = Registry("t"), Root(n)
     for _ in range(3):
         walks(registry, root, target)
