@@ -411,7 +411,7 @@ class Installs:
             return 0
         taken = ledger.layers
         if ledger.clean and not ledger.unwound and _LEVELS.get(_DEBUG) is False:  # the common case, in one pass
-            todo = []  # that checks (each layer alone on its stack with one user, what it installed still there)
+            found = []  # that checks (each layer alone on its stack with one user, what it installed still there)
             for layer in taken:
                 stack = layer.stack
                 if layer.count != 1 or len(stack.layers) != 1 or stack.dependents is not None:
@@ -422,9 +422,9 @@ class Installs:
                 ns = holder.__dict__
                 if ns.get(stack.attr, ABSENT) is not mine:
                     break
-                todo.append((ns, stack, layer))
+                found.append((ns, stack, layer))
             else:
-                for ns, stack, layer in reversed(todo):  # and one that restores, last taken first
+                for ns, stack, layer in reversed(found):  # and one that restores, last taken first
                     ns.pop(stack.attr, None)
                     stack.layers.pop()
                     layer.count = 0
