@@ -410,22 +410,20 @@ class Installs:
         if ledger.released:
             return 0
         taken = ledger.layers
-        if ledger.clean and not ledger.unwound and _LEVELS.get(_DEBUG) is False:  # the common case, in one pass
-            found = []  # that checks (each layer alone on its stack with one user, what it installed still there)
-            for layer in taken:
+        if ledger.clean and not ledger.unwound and _LEVELS.get(_DEBUG) is False:  # the common case: one pass
+            for layer in taken:  # that checks (each layer alone on its stack with one user, what it installed there)
                 stack = layer.stack
                 if layer.count != 1 or len(stack.layers) != 1 or stack.dependents is not None:
                     break
                 holder, mine = stack.ref(), layer.installed()
-                if holder is None or mine is None:
+                if holder is None or mine is None or holder.__dict__.get(stack.attr) is not mine:
                     break
-                ns = holder.__dict__
-                if ns.get(stack.attr, ABSENT) is not mine:
-                    break
-                found.append((ns, stack, layer))
             else:
-                for ns, stack, layer in reversed(found):  # and one that restores, last taken first
-                    ns.pop(stack.attr, None)
+                for layer in reversed(taken):  # and one that restores, last taken first
+                    stack = layer.stack
+                    holder = stack.ref()
+                    if holder is not None:  # (collected since the check: its namespace went with it)
+                        holder.__dict__.pop(stack.attr, None)
                     stack.layers.pop()
                     layer.count = 0
                     ledger.unwound += 1  # a retry after an interrupt releases only the rest
