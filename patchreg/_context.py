@@ -82,7 +82,7 @@ class Patched(Generic[T]):
         entered.append((_thread(), report, value))  # list.append: atomic, whichever thread enters
         return value
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
         entered = self._open
         entry = entered[-1] if entered else None
         if entry is None or entry[0] != _thread():  # not the common case: this thread's last enter is the last one
@@ -98,10 +98,7 @@ class Patched(Generic[T]):
                 LOCK.release()
         else:
             registry.revert(report)  # a subclass's open() returned another registry's report: refused there
-        if entered[-1] is entry:  # type: ignore[index]
-            entered.pop()  # type: ignore[union-attr]
-        else:
-            entered.remove(entry)  # type: ignore[union-attr]  # by identity (the first equal is this very tuple)
+        entered.remove(entry)  # type: ignore[union-attr]  # one C call (atomic), by identity: this very tuple
         self.close(entry[2])
 
     def _innermost(self, entered: list[tuple[int, Report, T]] | None) -> tuple[int, Report, T] | None:
