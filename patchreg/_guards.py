@@ -142,9 +142,11 @@ def _module_chain(reads: tuple[tuple[Any, ...], ...], walks: tuple[tuple[Any, ..
     classes = [cls for _h, cls, _n, _m, _v in reads[1:]] + [walked]
     steps = tuple((name, mapping, cls) for (_h, _c, name, mapping, _v), cls in zip(reads, classes, strict=True))
     n, is_ = len(snapshot), operator.is_
-    if len(steps) == 2 and n == 1:
+    last = reads[-1][4]()
+    keys = list(vars(last).get("_modules", ())) if last is not None else []
+    if len(steps) == 2 and len(keys) == n == 1:
         (name1, map1, cls1), (name2, map2, cls2) = steps
-        (one,) = snapshot
+        (one,), (key,) = snapshot, keys
 
         def check_two() -> bool:  # model.mtp.layers[*] with one MTP layer, unrolled
             try:
@@ -163,8 +165,9 @@ def _module_chain(reads: tuple[tuple[Any, ...], ...], walks: tuple[tuple[Any, ..
                 value = ns[map2][name2]
                 if type(value) is not cls2:
                     return False
-                (element,) = value.__dict__["_modules"].values()  # not exactly one: ValueError
-                return element is one() and element is not None
+                modules = value.__dict__["_modules"]
+                element = modules.get(key)  # the one layer, under the key it had (not a walk of .values())
+                return element is one() and element is not None and len(modules) == 1
             except Exception:  # a key gone, a dict replaced (a container's own code): resolve again
                 return False
 
