@@ -18,7 +18,7 @@ from typing import Any
 
 from patchreg._checks import check_mapping, check_patchable, name_patch, report_skips, warn_not_found
 from patchreg._guards import Guards, guard_check, trace
-from patchreg._namespace import ABSENT, bind_like, label
+from patchreg._namespace import ABSENT, bind_like
 from patchreg._predicates import on_refresh
 from patchreg._records import Patch, PatchSet
 from patchreg._store import (
@@ -30,7 +30,6 @@ from patchreg._store import (
     Layer,
     Ledger,
     Owner,
-    Ref,
     debugging,
     weak_or_id,
 )
@@ -59,6 +58,7 @@ _PLAIN, _METHOD = 1, 2
 _MethodType = types.MethodType  # a planned instance install: the replacement itself, or bound to the holder
 _Ref = weakref.ReferenceType
 _new = object.__new__
+_time = time.time
 _DEBUG = logging.DEBUG
 _NO_WAITING: list[Any] = []  # a planned apply has no lazy patches (never appended to: wait_for_import rebinds)
 generation = [0]  # bumped by refresh(): plans made before hold stale predicate answers
@@ -111,7 +111,7 @@ class Plan:
 
     __slots__ = (
         "__weakref__",
-        "clean",
+        "bound",
         "flat",
         "gen",
         "holds",
@@ -130,7 +130,9 @@ class Plan:
     #: (:func:`_class_read`), (MRO, namespaces above) or None, bind mode, attr, replacement, what the layer holds
     #: of a plain install (its weak reference or identity), stack.layers)
     flat: tuple[tuple[Patch, InstallStack, type, Any, Any, Any, int, str, Any, Any, list[Layer]], ...] | None
-    clean: bool  # every install on an instance, held by weak reference: see Ledger.clean
+    #: when every install is a method bound to its holder, on an attribute no class above shadows: per install
+    #: (stack, holder type, the class's namespace, what it stores, attr, replacement, patch, stack.layers)
+    bound: tuple[tuple[InstallStack, type, Any, Any, str, Any, Patch, list[Layer]], ...] | None
     skipped: tuple[tuple[str, str], ...]  # the predicate skips
     gen: int
     holds: Callable[[], bool]  # the guards as one check: True while resolving again would find the same holders
@@ -195,8 +197,11 @@ class Plan:
             for stack, cls, (mro, above, view, raw), mode in entries or ()
         ]  # fmt: skip
         plan.flat = tuple(flat) if planned else None
-        #: whether a clean apply of every entry makes a ledger whose release checks only what can change since
-        plan.clean = bool(flat) and planned and all(e[6] == _METHOD or type(e[9]) is Ref for e in flat)
+        plan.bound = (
+            tuple((e[1], e[2], e[3], e[4], e[7], e[8], e[0], e[10]) for e in flat)
+            if planned and flat and all(e[6] == _METHOD and e[5] is None for e in flat)
+            else None
+        )
         plan.gen, plan.name, plan.plans, plan.key = gen, name, plans, plan_key(target, obj)
         plan.owner = installs.owner  # weakly
         plans[plan.key] = plan
@@ -286,6 +291,10 @@ class _Stale(Exception):
     """A plan found stale half-way through an apply (its holder died or changed class)."""
 
 
+class _General(Exception):
+    """A planned apply met an install that is not a clean one: it takes the general path."""
+
+
 def _bind_mode(patch: Patch, stack: InstallStack, holder: Any) -> int:
     """How a planned install on an instance binds the replacement (0: not planned, use the general path)."""
     if patch.kind not in ("replace", "value") or stack.kind != "instance":
@@ -302,53 +311,61 @@ def _bind_mode(patch: Patch, stack: InstallStack, holder: Any) -> int:
 
 
 def apply_planned(owner: Owner, installs: Installs, plan: Plan, strict: bool, warn: bool | None) -> Ledger | None:
-    """Apply a plan whose every patch is planned; None when it turns out stale (nothing changed)."""
+    """Apply a plan whose every patch is planned; None when it turns out stale (nothing changed).
+
+    A plan whose every install is a method bound to its holder (:attr:`Plan.bound`) installs each inline
+    while it is a clean one (the instance attribute absent, no layer of ours on it: what a block entered
+    per step meets); at the first that is not (shared with an outer block, covered by another registry),
+    it puts back what it installed so far and takes the general path, as every other plan does.
+    """
     if plan.gen != generation[0] or not plan.holds():
         return None
     if plan.skipped and (strict or warn):
         report_skips(plan.name, list(plan.skipped), strict, [p for p, _r, _e in plan.items])
     ledger = _new(Ledger)  # Ledger(owner, plan.name, plan.skipped), inline
-    ledger.owner, ledger.set_name, ledger.skips, ledger.layers = owner, plan.name, plan.skipped, []
-    ledger.waiting, ledger.released, ledger.unwound, ledger.clean = _NO_WAITING, False, 0, False
-    layers = ledger.layers
-    shared = 0  # installs.take() calls that found the patch installed and counted a user
-    clean = plan.clean
+    ledger.owner = owner
+    ledger.set_name = plan.name
+    ledger.skips = plan.skipped
+    ledger.layers = layers = []
+    ledger.waiting = _NO_WAITING
+    ledger.released = False
+    ledger.unwound = 0
+    ledger.new_installs = 0
+    ledger.clean = False
+    bound = plan.bound
     LOCK.acquire()  # acquire/release: a third of what a with statement costs here
     try:
         if installs.dead:
             installs.purge()
-        now = time.time()
-        debug = _LEVELS.get(_DEBUG)
-        if debug is None:
-            debug = debugging()
+        now = _time()
         try:
-            for patch, stack, cls, view, raw, shadow, mode, attr, replacement, held, layers_on in plan.flat:  # type: ignore[union-attr]
-                holder = stack.ref()
-                if (  # died (None), class swapped, or the class's attribute changed (deleted, replaced, shadowed)
-                    type(holder) is not cls
-                    or view.get(attr, ABSENT) is not raw
-                    or (shadow is not None and _class_changed(cls, attr, shadow[0], shadow[1], view, raw))
-                ):
-                    raise _Stale  # resolve again
-                ns = holder.__dict__
-                if mode and not layers_on and attr not in ns:  # the clean case, checked when planned
-                    if mode == _METHOD:
-                        value = _MethodType(replacement, holder)
-                        held = _Ref(value)
-                    else:
-                        value = replacement  # held: its weak reference (or identity), made when planned
-                    ns[attr] = value
+            if bound is None:
+                _take_each(installs, plan, ledger, now)
+            else:
+                for stack, cls, view, raw, attr, replacement, patch, layers_on in bound:
+                    holder = stack.ref()
+                    if type(holder) is not cls or view.get(attr, ABSENT) is not raw:  # died, class swapped, or the
+                        raise _Stale  # class's attribute changed (deleted, replaced): resolve again
+                    ns = holder.__dict__
+                    if layers_on or attr in ns:
+                        raise _General
+                    value = ns[attr] = _MethodType(replacement, holder)
                     layer = _new(Layer)  # Layer(patch, stack, value, now, ABSENT), inline
-                    layer.patch, layer.stack, layer.count, layer.since = patch, stack, 1, now
-                    layer.seq, layer.original, layer.installed = next(SEQUENCE), ABSENT, held
+                    layer.patch = patch
+                    layer.stack = stack
+                    layer.count = 1
+                    layer.since = now
+                    layer.seq = next(SEQUENCE)
+                    layer.original = ABSENT
+                    layer.installed = _Ref(value)
                     layers_on.append(layer)
                     layers.append(layer)
-                    if debug:
-                        log.debug("patchreg: installed %s on %s.%s", patch.name, label(holder), attr)
-                else:
-                    check_patchable(patch, holder, attr)
-                    shared += 1 - installs.take(patch, holder, attr, ledger, now)
-                    clean = False
+                ledger.new_installs = len(layers)
+                ledger.clean = True
+        except _General:  # put back the clean installs made so far (exactly), then take each the general way
+            installs.release(ledger)
+            ledger.layers, ledger.released, ledger.unwound = [], False, 0
+            _take_each(installs, plan, ledger, now)
         except _Stale:
             installs.release(ledger)
             return None
@@ -357,8 +374,25 @@ def apply_planned(owner: Owner, installs: Installs, plan: Plan, strict: bool, wa
             raise
     finally:
         LOCK.release()
-    ledger.new_installs, ledger.clean = len(layers) - shared, clean
+    if ledger.clean and _LEVELS.get(_DEBUG) is not False and debugging():  # logging's cached answer, else asked
+        for layer in layers:
+            log.debug("patchreg: installed %s on %s", layer.patch.name, layer.stack.where)
     return ledger
+
+
+def _take_each(installs: Installs, plan: Plan, ledger: Ledger, now: float) -> None:
+    """A planned apply the general way (under the lock): take a user of each install (a shared one counted, the
+    rest installed), into ``ledger``; stale (:class:`_Stale`) if a holder or its class changed. On an exception,
+    the caller releases the ledger (all or nothing)."""
+    shared = 0
+    for patch, stack, cls, view, raw, shadow, _mode, attr, _r, _h, _l in plan.flat:  # type: ignore[union-attr]
+        holder = stack.ref()
+        mro, above = shadow if shadow is not None else ((), ())
+        if type(holder) is not cls or _class_changed(cls, attr, mro, above, view, raw):
+            raise _Stale
+        check_patchable(patch, holder, attr)
+        shared += 1 - installs.take(patch, holder, attr, ledger, now)
+    ledger.new_installs = len(ledger.layers) - shared
 
 
 def resolve_all(
