@@ -33,7 +33,7 @@ from patchreg._plans import (
 )
 from patchreg._records import Installed, Patch, PatchSet, Report, patches_of
 from patchreg._store import LOCK, REGISTRIES, Checkpoint, Installs, InstallStack, Ledger, stack_key
-from patchreg._targets import Miss, Site
+from patchreg._targets import Miss, Site, identity
 from patchreg.exceptions import PatchDefinitionError
 
 __all__ = ["Checkpoint", "Explanation", "Patched", "Registry", "Target", "decorate"]
@@ -75,15 +75,30 @@ class Registry:
         The resolution of a Patch or PatchSet on an object is remembered (a plan) and re-used
         while cheap guards show that resolving again would find the same holders.
         """
+        installs = self._installs
+        plan = self._last  # an RL loop enters the same block on the same model: checked first, inline
+        if plan is None or plan.target() is not target or plan.obj() is not obj:
+            plan = self._plans.get((identity(target), identity(obj)))  # another block on one object: its plan
+            if plan is not None and (plan.target() is not target or plan.obj() is not obj):
+                plan = None
+        if plan is not None and plan.flat is not None and not lazy:
+            ledger = apply_planned(self, installs, plan, strict, warn)
+            if ledger is not None:
+                self._last = plan
+                if installs.checkpoints or installs.unnamed:
+                    self._applied(ledger, obj)
+                return ledger
+        return self._apply(target, obj, strict, warn, lazy)
+
+    def _apply(self, target: Target, obj: Any, strict: bool, warn: bool | None, lazy: bool) -> Report:
+        """:meth:`apply` but for the last plan's fast path: another plan, or a resolution (and a plan made)."""
         key = None
         installs = self._installs
         if not lazy:
-            plan = self._last  # an RL loop enters the same block on the same model: checked first, inline
-            if plan is None or plan.target() is not target or plan.obj() is not obj:
-                key = plan_key(target, obj)
-                plan = self._plans.get(key)
-                if plan is not None and not plan.matches(target, obj):
-                    plan = None
+            key = plan_key(target, obj)
+            plan = self._plans.get(key)
+            if plan is not None and not plan.matches(target, obj):
+                plan = None
             if plan is not None:
                 if plan.flat is not None:
                     ledger = apply_planned(self, installs, plan, strict, warn)
@@ -96,10 +111,8 @@ class Registry:
                     )
                 if ledger is not None:
                     self._last = plan
-                    if installs.checkpoints:
-                        installs.record(ledger)
-                    if installs.unnamed:
-                        _explain.name_stacks(installs, obj)
+                    if installs.checkpoints or installs.unnamed:
+                        self._applied(ledger, obj)
                     return ledger
         name, patches = patches_of(target)
         waiting = [p for p in patches if p.is_global and p.where.module not in sys.modules] if lazy else []  # type: ignore[union-attr]
@@ -112,11 +125,17 @@ class Registry:
             with LOCK:
                 self._last = Plan.remember(installs, self._plans, target, obj, name, traces, gen)
         _lazy.register_hooks(installs, ledger)
+        if installs.checkpoints or installs.unnamed:
+            self._applied(ledger, obj)
+        return ledger
+
+    def _applied(self, ledger: Ledger, obj: Any) -> None:
+        """After an apply: note it in the live checkpoints, and name the instance stacks it made by path."""
+        installs = self._installs
         if installs.checkpoints:
             installs.record(ledger)
         if installs.unnamed:
             _explain.name_stacks(installs, obj)
-        return ledger
 
     def _again(self, key: tuple[int, ...] | None, target: object, obj: Any) -> bool:
         """Whether this apply should make a plan: only on a second apply of ``target`` on ``obj``.
