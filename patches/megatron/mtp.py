@@ -73,6 +73,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger("patchreg")
+_new = object.__new__
 _WIDTH = 100  # columns of str(report), as the engine's own reports
 
 _POSTPROCESS_PATH = f"{GPT}:GPTModel._postprocess"
@@ -252,22 +253,22 @@ def patch_set_for(model: Any, detach_encoder: bool) -> PatchSet:
 
 
 class MTPReport:
-    """What ``mtp_patched`` installed or skipped, and the per-depth MTP losses of the last step."""
+    """What ``mtp_patched`` installed or skipped, and the per-depth MTP losses of the last step.
+
+    The block makes one at each enter (what ``with mtp_patched(model) as report:`` binds); it is not
+    built by hand.
+    """
 
     __slots__ = ("_after", "_cls", "_losses", "_models", "active", "detach_encoder", "note", "report")
 
-    def __init__(
-        self, report: patchreg.Report, detach_encoder: bool, models: list[Any] | None = None, note: str | None = None
-    ) -> None:
-        self.report = report
-        self.detach_encoder = detach_encoder
-        self.active = True
-        self._models: Sequence[Any] = models or ()  # held while the block is active
-        self._after = last_losses.count  # steps numbered after this one belong to the block
-        self._losses: tuple[Any, ...] = ()
-        self._cls = type(models[0]) if models else None
-        #: Set when no model (chunk) holds MTP layers: it returns logits and computes no MTP loss here.
-        self.note = note if note is not None else _no_mtp_note(self._models) if self._models else ""
+    report: patchreg.Report  #: the engine's report of the block's apply
+    detach_encoder: bool
+    active: bool  #: True while the block is entered
+    note: str  #: set when no model (chunk) holds MTP layers: it returns logits and computes no MTP loss here
+    _models: Sequence[Any]  # held while the block is active
+    _after: int  # steps numbered after this one belong to the block
+    _losses: tuple[Any, ...]
+    _cls: type | None
 
     @property
     def model_class(self) -> str:
@@ -336,13 +337,6 @@ def _has_mtp(models: Sequence[Any]) -> bool:
     return False
 
 
-def _no_mtp_note(models: Sequence[Any]) -> str:
-    """The report's note when none of ``models`` holds MTP layers (logged once): normal on a pipeline stage."""
-    if _has_mtp(models):
-        return ""
-    return _no_mtp_text(models)
-
-
 def _no_mtp_text(models: Sequence[Any]) -> str:
     """The note for ``models`` that hold no MTP block, logged once per process."""
     note = (
@@ -356,29 +350,14 @@ def _no_mtp_text(models: Sequence[Any]) -> str:
     return note
 
 
-class mtp_patched(patchreg.Patched[MTPReport]):
-    """Context manager (and decorator): the MTP patch set on ``model`` for the duration of a block.
+class MTPBlock(patchreg.Patched[MTPReport]):
+    """What :func:`mtp_patched` returns: a :class:`patchreg.Patched` block of the MTP patch set on a model.
 
-    ``detach_encoder=True``: the MTP loss trains only the MTP layers (zero gradient to the
-    embedding, the decoder and the output layer); ``False``: it trains the trunk too, as
-    Megatron-Core pretraining does. Yields an :class:`MTPReport`. A :class:`patchreg.Patched` block:
-    enters nest and are per thread, and misuse (exit twice, exit without enter) is handled there.
+    Enters nest and are per thread, and misuse (exit twice, exit without enter) is handled there;
+    the ``with`` statement binds an :class:`MTPReport`.
     """
 
     __slots__ = ("detach_encoder",)
-
-    def __init__(
-        self,
-        model: Any,
-        detach_encoder: bool = False,
-        *,
-        registry: patchreg.Registry | None = None,
-        strict: bool = False,
-    ) -> None:
-        detach = self.detach_encoder = bool(detach_encoder)
-        known = _BY_TYPE[detach].get(type(model))  # a bare model of a class met before: no walk
-        patch_set = known if known is not None else patch_set_for(model, detach)
-        super().__init__(registry if registry is not None else patchreg.registry, patch_set, model, strict)
 
     @property
     def model(self) -> Any:
@@ -402,12 +381,21 @@ class mtp_patched(patchreg.Patched[MTPReport]):
             report = self.registry.apply(self.target, target, strict=self.strict, warn=None if has_mtp else False)
         except PatchConflictError as exc:
             raise self._conflict(exc) from exc
-        return report, MTPReport(report, self.detach_encoder, models, "" if has_mtp else _no_mtp_text(models))
+        made: MTPReport = _new(MTPReport)  # the block's report, made here (one per step: no type call)
+        made.report = report
+        made.detach_encoder = self.detach_encoder
+        made.active = True
+        made.note = "" if has_mtp else _no_mtp_text(models)
+        made._models = models
+        made._after = last_losses.count
+        made._losses = ()
+        made._cls = type(models[0])
+        return report, made
 
     #: after an exit reverted: the report keeps the losses of the block's last step and lets go of the models
     close = staticmethod(MTPReport._close)  # type: ignore[assignment]  # one call where a method would make two
 
-    def fresh(self) -> mtp_patched:
+    def fresh(self) -> MTPBlock:
         return mtp_patched(self.model, self.detach_encoder, registry=self.registry, strict=self.strict)
 
     def _conflict(self, exc: PatchConflictError) -> MTPConflictError:
@@ -421,3 +409,27 @@ class mtp_patched(patchreg.Patched[MTPReport]):
 
     def __repr__(self) -> str:
         return f"mtp_patched({type(self.model).__qualname__}, detach_encoder={self.detach_encoder})"
+
+
+_init = patchreg.Patched.__init__
+
+
+def mtp_patched(
+    model: Any, detach_encoder: bool = False, *, registry: patchreg.Registry | None = None, strict: bool = False
+) -> MTPBlock:
+    """Context manager (and decorator): the MTP patch set on ``model`` for the duration of a block.
+
+    ``model``: a Megatron-Core ``GPTModel`` or ``HybridModel`` (``MambaModel`` 0.17), bare, under wrappers
+    (``Float16Module``, DDP), or a list of virtual-pipeline chunks. ``detach_encoder=True``: the MTP loss
+    trains only the MTP layers (zero gradient to the embedding, the decoder and the output layer);
+    ``False``: it trains the trunk too, as Megatron-Core pretraining does. The block yields an
+    :class:`MTPReport`; ``registry`` (default ``patchreg.registry``) holds the installs, and ``strict=True``
+    refuses a patch whose target is missing instead of skipping it. An unsupported model is refused here,
+    with an :class:`UnsupportedModelError` naming it.
+    """
+    block = _new(MTPBlock)  # a function, not the class's call: a with statement per step pays for no keyword dict
+    detach = block.detach_encoder = bool(detach_encoder)
+    known = _BY_TYPE[detach].get(type(model))  # a bare model of a class met before: no walk
+    patch_set = known if known is not None else patch_set_for(model, detach)
+    _init(block, registry if registry is not None else patchreg.registry, patch_set, model, strict)
+    return block
