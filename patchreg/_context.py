@@ -34,6 +34,7 @@ __all__ = ["Patched", "decorate"]
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
 _thread = threading.get_ident
+_acquire, _release = LOCK.acquire, LOCK.release  # bound once: a block pays for no method lookup
 
 
 class Patched(Generic[T]):
@@ -91,11 +92,11 @@ class Patched(Generic[T]):
                 return  # a second exit: nothing is open, nothing to do (as mock's)
         report, registry = entry[1], self.registry
         if type(report) is Ledger and report.owner is registry:  # registry.revert(report), inline: this block's own
-            LOCK.acquire()
+            _acquire()
             try:
                 registry._installs.release(report)  # if this raises, the entry stays: the exit can be retried
             finally:
-                LOCK.release()
+                _release()
         else:
             registry.revert(report)  # a subclass's open() returned another registry's report: refused there
         entered.remove(entry)  # type: ignore[union-attr]  # one C call (atomic), by identity: this very tuple

@@ -24,6 +24,7 @@ from patchreg._records import Patch, PatchSet
 from patchreg._store import (
     _LEVELS,
     LOCK,
+    REGISTRIES,
     SEQUENCE,
     Installs,
     InstallStack,
@@ -58,14 +59,20 @@ _PLAIN, _METHOD = 1, 2
 _MethodType = types.MethodType  # a planned instance install: the replacement itself, or bound to the holder
 _Ref = weakref.ReferenceType
 _new = object.__new__
+_acquire, _release = LOCK.acquire, LOCK.release
 _time = time.time
 _DEBUG = logging.DEBUG
-_NO_WAITING: list[Any] = []  # a planned apply has no lazy patches (never appended to: wait_for_import rebinds)
 generation = [0]  # bumped by refresh(): plans made before hold stale predicate answers
 
 
 def _stale_plans() -> None:
+    """refresh(): plans hold predicate answers, so every registry drops its plans (and a resolution that was
+    under way when it ran does not make one: it compares the generation it began in)."""
     generation[0] += 1
+    with LOCK:
+        for registry in list(REGISTRIES):
+            registry._plans.clear()
+            registry._last = None
 
 
 on_refresh(_stale_plans)
@@ -113,7 +120,6 @@ class Plan:
         "__weakref__",
         "bound",
         "flat",
-        "gen",
         "holds",
         "items",
         "key",
@@ -134,7 +140,6 @@ class Plan:
     #: (stack, holder type, the class's namespace, what it stores, attr, replacement, patch, stack.layers)
     bound: tuple[tuple[InstallStack, type, Any, Any, str, Any, Patch, list[Layer]], ...] | None
     skipped: tuple[tuple[str, str], ...]  # the predicate skips
-    gen: int
     holds: Callable[[], bool]  # the guards as one check: True while resolving again would find the same holders
     items: tuple[tuple[Patch, str | None, tuple[tuple[InstallStack, type, Any, int], ...] | None], ...]
     key: tuple[int, ...]
@@ -156,7 +161,10 @@ class Plan:
         traces: list[Trace],
         gen: int,
     ) -> Plan | None:
-        """Keep a plan from the traces of an apply that just succeeded (under the lock: its sites exist)."""
+        """Keep a plan from the traces of an apply that just succeeded (under the lock: its sites exist); none when
+        ``refresh()`` ran since the resolution began (``gen``: the generation it began in)."""
+        if gen != generation[0]:
+            return None
         plan = cls()
         chunks = list(obj) if isinstance(obj, (list, tuple)) else ([] if obj is None else [obj])
         try:
@@ -202,7 +210,7 @@ class Plan:
             if planned and flat and all(e[6] == _METHOD and e[5] is None for e in flat)
             else None
         )
-        plan.gen, plan.name, plan.plans, plan.key = gen, name, plans, plan_key(target, obj)
+        plan.name, plan.plans, plan.key = name, plans, plan_key(target, obj)
         plan.owner = installs.owner  # weakly
         plans[plan.key] = plan
         return plan
@@ -228,7 +236,7 @@ class Plan:
 
     def work(self, obj: Any, warn: bool | None = None) -> tuple[list[Work], list[tuple[str, str]]] | None:
         """The work and skips of an apply now, or None when the plan is stale (resolve again)."""
-        if self.gen != generation[0] or not self.holds():
+        if not self.holds():
             return None
         work: list[Work] = []
         skipped: list[tuple[str, str]] = []
@@ -318,7 +326,7 @@ def apply_planned(owner: Owner, installs: Installs, plan: Plan, strict: bool, wa
     per step meets); at the first that is not (shared with an outer block, covered by another registry),
     it puts back what it installed so far and takes the general path, as every other plan does.
     """
-    if plan.gen != generation[0] or not plan.holds():
+    if not plan.holds():
         return None
     if plan.skipped and (strict or warn):
         report_skips(plan.name, list(plan.skipped), strict, [p for p, _r, _e in plan.items])
@@ -327,13 +335,13 @@ def apply_planned(owner: Owner, installs: Installs, plan: Plan, strict: bool, wa
     ledger.set_name = plan.name
     ledger.skips = plan.skipped
     ledger.layers = layers = []
-    ledger.waiting = _NO_WAITING
+    ledger.waiting = ()  # no lazy patch (the empty tuple: immortal, no reference counted)
     ledger.released = False
     ledger.unwound = 0
     ledger.new_installs = 0
     ledger.clean = False
     bound = plan.bound
-    LOCK.acquire()  # acquire/release: a third of what a with statement costs here
+    _acquire()  # acquire/release (bound once): a third of what a with statement costs here
     try:
         if installs.dead:
             installs.purge()
@@ -373,7 +381,7 @@ def apply_planned(owner: Owner, installs: Installs, plan: Plan, strict: bool, wa
             installs.release(ledger)
             raise
     finally:
-        LOCK.release()
+        _release()
     if ledger.clean and _LEVELS.get(_DEBUG) is not False and debugging():  # logging's cached answer, else asked
         for layer in layers:
             log.debug("patchreg: installed %s on %s", layer.patch.name, layer.stack.where)

@@ -6,7 +6,7 @@ import functools
 import inspect
 import re
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
@@ -347,7 +347,7 @@ class Report:
     new_installs: int
     skips: tuple[tuple[str, str], ...]
     layers: list[Layer]
-    waiting: list[Any]  # its lazy patches (patchreg._lazy.Pending)
+    waiting: Sequence[Any]  # its lazy patches (patchreg._lazy.Pending)
     released: bool
     unwound: int  # how many layers, from the end, were released (an interrupted release resumes)
 

@@ -49,6 +49,8 @@ class Registry:
     user's release puts back exactly what was there.
     """
 
+    __slots__ = ("__weakref__", "_installs", "_last", "_plans", "_seen", "name")
+
     def __init__(self, name: str = "default") -> None:
         self.name = name
         self._installs = Installs(self)

@@ -14,7 +14,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from patchreg._checks import check_compatible, check_release, to_release
@@ -255,7 +255,7 @@ class Ledger(Report):
         self.set_name = name
         self.skips = skipped
         self.layers: list[Layer] = []  # the installs this apply took a user of, in order
-        self.waiting: list[Pending] = []  # its lazy patches
+        self.waiting: Sequence[Pending] = ()  # its lazy patches (a list made by _lazy when it has some)
         self.released = False
         self.unwound = 0  # how many layers, from the end, were released (an interrupted release resumes)
         self.new_installs = 0
@@ -419,7 +419,10 @@ class Installs:
                 if holder is None or mine is None or holder.__dict__.get(stack.attr) is not mine:
                     break
             else:
-                for layer in reversed(taken):  # and one that restores, last taken first
+                i = len(taken)
+                while i:  # and one that restores, last taken first (an index: no iterator to allocate)
+                    i -= 1
+                    layer = taken[i]
                     stack = layer.stack
                     holder = stack.ref()
                     if holder is not None:  # (collected since the check: its namespace went with it)

@@ -31,7 +31,6 @@ from patches.megatron._hybrid import (
 )
 from patches.megatron._layers import checkpointed_forward, get_embeddings_detached
 from patches.megatron._loss import last_losses
-from patches.megatron._models import _BY_TYPE as _KNOWN
 from patches.megatron._models import (
     GPT_FAMILY,
     HYBRID,
@@ -241,14 +240,16 @@ _SETS = {(GPT_FAMILY, False): MTP_SET, (GPT_FAMILY, True): MTP_DETACH_SET}
 _SETS.update({(HYBRID_FAMILY, False): HYBRID_MTP_SET, (HYBRID_FAMILY, True): HYBRID_MTP_DETACH_SET})
 
 
-_BY_TYPE: dict[bool, dict[type, PatchSet]] = {False: {}, True: {}}  # detach_encoder -> bare model class -> set
+#: bare model class -> its patch set, per detach_encoder (one dict each: a block looks up one)
+_ATTACHED: dict[type, PatchSet] = {}
+_DETACHED: dict[type, PatchSet] = {}
 
 
 def patch_set_for(model: Any, detach_encoder: bool) -> PatchSet:
     """The patch set for the models in ``model`` (refused with :class:`UnsupportedModelError` if none)."""
     found = _SETS[model_family(language_models(model)), detach_encoder]
     if known_family(model) is not None:  # a bare model: remember its class
-        _BY_TYPE[detach_encoder][type(model)] = found
+        (_DETACHED if detach_encoder else _ATTACHED)[type(model)] = found
     return found
 
 
@@ -357,7 +358,9 @@ class MTPBlock(patchreg.Patched[MTPReport]):
     the ``with`` statement binds an :class:`MTPReport`.
     """
 
-    __slots__ = ("detach_encoder",)
+    __slots__ = ("bare", "detach_encoder")
+
+    bare: bool  #: the model is a bare model of a known class (not wrapped, not chunks): found without a walk
 
     @property
     def model(self) -> Any:
@@ -371,7 +374,7 @@ class MTPBlock(patchreg.Patched[MTPReport]):
 
     def open(self) -> tuple[patchreg.Report, MTPReport]:
         model = self.obj
-        if type(model) in _KNOWN:  # a bare model of a class met before: language_models' own first answer
+        if self.bare:  # a bare model of a class met before: language_models' own first answer
             target, models, has_mtp = model, (model,), model._modules.get("mtp") is not None
         else:  # the models themselves: what the selectors find through any wrapper, without the walk
             models = language_models(model)
@@ -412,6 +415,7 @@ class MTPBlock(patchreg.Patched[MTPReport]):
 
 
 _init = patchreg.Patched.__init__
+_REGISTRY = patchreg.registry  # the default registry (one object for the process)
 
 
 def mtp_patched(
@@ -429,7 +433,8 @@ def mtp_patched(
     """
     block = _new(MTPBlock)  # a function, not the class's call: a with statement per step pays for no keyword dict
     detach = block.detach_encoder = bool(detach_encoder)
-    known = _BY_TYPE[detach].get(type(model))  # a bare model of a class met before: no walk
+    known = (_DETACHED if detach else _ATTACHED).get(type(model))  # a bare model of a class met before: no walk
+    block.bare = known is not None
     patch_set = known if known is not None else patch_set_for(model, detach)
-    _init(block, registry if registry is not None else patchreg.registry, patch_set, model, strict)
+    _init(block, _REGISTRY if registry is None else registry, patch_set, model, strict)
     return block
