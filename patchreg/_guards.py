@@ -57,12 +57,15 @@ def trace(selector: Selector, obj: Any) -> tuple[list[Site], Guards] | None:
     return sites, (tuple(reads), tuple(walks))
 
 
-def guard_check(guards: Guards) -> Callable[[], bool]:
-    """A function that is True while every read and walk of a trace would find the same objects again.
+def guard_check(guards: Guards, obj: Any = None) -> Callable[[Any], bool]:
+    """A function of the object applied on that is True while every read and walk of a trace would find the
+    same objects again.
 
     It closes over the guards' weak references only. Each read's holder must still be of the class
     it had (a ``__class__ =`` can bring a property or another ``__getattr__``). A walk whose container
-    is the value of the last read takes it from there rather than through its own reference.
+    is the value of the last read takes it from there rather than through its own reference. When the
+    first read is on ``obj`` itself (not a chunk of it), the check takes it from its argument: the
+    apply checked it is the plan's object.
     """
     reads, walks = guards
     if not reads and not walks:
@@ -72,12 +75,12 @@ def guard_check(guards: Guards) -> Callable[[], bool]:
         (None if last is not None and cref() is last else cref, cls, how, snapshot)
         for cref, cls, how, snapshot in walks
     )
-    chain = _module_chain(reads, walks)
+    chain = _module_chain(reads, walks, obj is not None and reads[0][0] is not None and reads[0][0]() is obj)
     if chain is not None:
         return chain
     is_ = operator.is_
 
-    def check() -> bool:
+    def check(_obj: Any) -> bool:
         value: Any = None
         for href, cls, name, mapping, vref in reads:
             if href is not None:  # else a chain (model.mtp.layers): the holder is the value just read
@@ -117,11 +120,13 @@ def guard_check(guards: Guards) -> Callable[[], bool]:
     return check
 
 
-def _always() -> bool:
+def _always(_obj: Any) -> bool:
     return True
 
 
-def _module_chain(reads: tuple[tuple[Any, ...], ...], walks: tuple[tuple[Any, ...], ...]) -> Callable[[], bool] | None:
+def _module_chain(
+    reads: tuple[tuple[Any, ...], ...], walks: tuple[tuple[Any, ...], ...], on_obj: bool
+) -> Callable[[Any], bool] | None:
     """:func:`guard_check`'s check, straight-line, for its common shape; None for any other.
 
     The shape: a chain of reads each served from a dict in the holder's ``__dict__`` (``nn.Module._modules``),
@@ -129,7 +134,7 @@ def _module_chain(reads: tuple[tuple[Any, ...], ...], walks: tuple[tuple[Any, ..
     it depends only on each value's class (checked: it decides how the next name is served, and a ``None``
     or a dead reference fails it), the names not shadowed in the instance dicts, and the elements at the
     end (compared), so the values on the way are not compared. A lookup that fails (a key gone, a dict
-    replaced) means resolve again.
+    replaced) means resolve again. ``on_obj``: the chain starts at the object applied on (the check's argument).
     """
     if len(walks) != 1 or not reads or reads[0][0] is None:
         return None
@@ -148,9 +153,9 @@ def _module_chain(reads: tuple[tuple[Any, ...], ...], walks: tuple[tuple[Any, ..
         (name1, map1, cls1), (name2, map2, cls2) = steps
         (one,), (key,) = snapshot, keys
 
-        def check_two() -> bool:  # model.mtp.layers[*] with one MTP layer, unrolled
+        def check_two(obj: Any) -> bool:  # model.mtp.layers[*] with one MTP layer, unrolled
             try:
-                value = first()
+                value = obj if on_obj else first()
                 if type(value) is not top:
                     return False
                 ns = value.__dict__
@@ -173,9 +178,9 @@ def _module_chain(reads: tuple[tuple[Any, ...], ...], walks: tuple[tuple[Any, ..
 
         return check_two
 
-    def check() -> bool:
+    def check(obj: Any) -> bool:
         try:
-            value = first()
+            value = obj if on_obj else first()
             if type(value) is not top:
                 return False
             for name, mapping, cls in steps:

@@ -140,7 +140,8 @@ class Plan:
     #: (stack, holder type, the class's namespace, what it stores, attr, replacement, patch, stack.layers)
     bound: tuple[tuple[InstallStack, type, Any, Any, str, Any, Patch, list[Layer]], ...] | None
     skipped: tuple[tuple[str, str], ...]  # the predicate skips
-    holds: Callable[[], bool]  # the guards as one check: True while resolving again would find the same holders
+    #: the guards as one check of the object applied on: True while resolving again would find the same holders
+    holds: Callable[[Any], bool]
     items: tuple[tuple[Patch, str | None, tuple[tuple[InstallStack, type, Any, int], ...] | None], ...]
     key: tuple[int, ...]
     name: str
@@ -195,7 +196,7 @@ class Plan:
                 walks.extend(traced[1][1])  # type: ignore[index]
             items.append((patch, reason, None if entries is None else tuple(entries)))
         plan.items = tuple(items)
-        plan.holds = guard_check((tuple(reads), tuple(walks)))
+        plan.holds = guard_check((tuple(reads), tuple(walks)), obj if plan.obj is not _not_one else None)
         plan.skipped = tuple((p.name, reason) for p, reason, _e in items if reason is not None)
         planned = all(reason is not None or entries is not None for _p, reason, entries in items)
         flat = [
@@ -236,7 +237,7 @@ class Plan:
 
     def work(self, obj: Any, warn: bool | None = None) -> tuple[list[Work], list[tuple[str, str]]] | None:
         """The work and skips of an apply now, or None when the plan is stale (resolve again)."""
-        if not self.holds():
+        if not self.holds(obj):
             return None
         work: list[Work] = []
         skipped: list[tuple[str, str]] = []
@@ -318,7 +319,9 @@ def _bind_mode(patch: Patch, stack: InstallStack, holder: Any) -> int:
     return 0
 
 
-def apply_planned(owner: Owner, installs: Installs, plan: Plan, strict: bool, warn: bool | None) -> Ledger | None:
+def apply_planned(
+    owner: Owner, installs: Installs, plan: Plan, obj: Any, strict: bool, warn: bool | None
+) -> Ledger | None:
     """Apply a plan whose every patch is planned; None when it turns out stale (nothing changed).
 
     A plan whose every install is a method bound to its holder (:attr:`Plan.bound`) installs each inline
@@ -326,7 +329,7 @@ def apply_planned(owner: Owner, installs: Installs, plan: Plan, strict: bool, wa
     per step meets); at the first that is not (shared with an outer block, covered by another registry),
     it puts back what it installed so far and takes the general path, as every other plan does.
     """
-    if not plan.holds():
+    if not plan.holds(obj):
         return None
     if plan.skipped and (strict or warn):
         report_skips(plan.name, list(plan.skipped), strict, [p for p, _r, _e in plan.items])

@@ -84,7 +84,7 @@ class Registry:
             if plan is not None and (plan.target() is not target or plan.obj() is not obj):
                 plan = None
         if plan is not None and plan.flat is not None and not lazy:
-            ledger = apply_planned(self, installs, plan, strict, warn)
+            ledger = apply_planned(self, installs, plan, obj, strict, warn)
             if ledger is not None:
                 self._last = plan
                 if installs.checkpoints or installs.unnamed:
@@ -103,7 +103,7 @@ class Registry:
                 plan = None
             if plan is not None:
                 if plan.flat is not None:
-                    ledger = apply_planned(self, installs, plan, strict, warn)
+                    ledger = apply_planned(self, installs, plan, obj, strict, warn)
                 else:
                     found = plan.work(obj, warn)
                     ledger = (
