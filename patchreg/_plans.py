@@ -353,6 +353,7 @@ def apply_planned(
             if bound is None:
                 _take_each(installs, plan, ledger, now)
             else:
+                seq = next(SEQUENCE)
                 for stack, cls, view, raw, attr, replacement, patch, layers_on in bound:
                     holder = stack.ref()
                     if type(holder) is not cls or view.get(attr, ABSENT) is not raw:  # died, class swapped, or the
@@ -366,7 +367,7 @@ def apply_planned(
                     layer.stack = stack
                     layer.count = 1
                     layer.since = now
-                    layer.seq = next(SEQUENCE)
+                    layer.seq = seq  # one per apply: its clean installs are on distinct attributes, so never compared
                     layer.original = ABSENT
                     layer.installed = _Ref(value)
                     layers_on.append(layer)

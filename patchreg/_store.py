@@ -419,7 +419,7 @@ class Installs:
                 if holder is None or mine is None or holder.__dict__.get(stack.attr) is not mine:
                     break
             else:
-                i = len(taken)
+                n = i = len(taken)
                 while i:  # and one that restores, last taken first (an index: no iterator to allocate)
                     i -= 1
                     layer = taken[i]
@@ -429,9 +429,9 @@ class Installs:
                         holder.__dict__.pop(stack.attr, None)
                     stack.layers.pop()
                     layer.count = 0
-                    ledger.unwound += 1  # a retry after an interrupt releases only the rest
+                    ledger.unwound = n - i  # a retry after an interrupt releases only the rest
                 ledger.released = True
-                return len(taken)
+                return n
         if ledger.waiting:
             cancel(self, ledger.waiting)
         todo = len(taken) - ledger.unwound
