@@ -411,12 +411,16 @@ class Installs:
             return 0
         taken = ledger.layers
         if ledger.clean and not ledger.unwound and _LEVELS.get(_DEBUG) is False:  # the common case: one pass
+            ns = None
             for layer in taken:  # that checks (each layer alone on its stack with one user, what it installed there)
                 stack = layer.stack
                 if layer.count != 1 or len(stack.layers) != 1 or stack.dependents is not None:
                     break
                 holder, mine = stack.ref(), layer.installed()
-                if holder is None or mine is None or holder.__dict__.get(stack.attr) is not mine:
+                if holder is None or mine is None:
+                    break
+                ns = holder.__dict__
+                if ns.get(stack.attr) is not mine:
                     break
             else:
                 n = i = len(taken)
@@ -424,9 +428,11 @@ class Installs:
                     i -= 1
                     layer = taken[i]
                     stack = layer.stack
-                    holder = stack.ref()
-                    if holder is not None:  # (collected since the check: its namespace went with it)
-                        holder.__dict__.pop(stack.attr, None)
+                    if i != n - 1:  # (the last one's namespace is the one the check read last)
+                        holder = stack.ref()
+                        ns = None if holder is None else holder.__dict__  # (collected since the check: gone with it)
+                    if ns is not None:
+                        ns.pop(stack.attr, None)
                     stack.layers.pop()
                     layer.count = 0
                     ledger.unwound = n - i  # a retry after an interrupt releases only the rest
