@@ -20,7 +20,7 @@ import pytest
 
 import patchreg
 from patchreg import Patch, PatchSet, Registry, check
-from tests.patchreg.helpers import plain, snapshot
+from tests.patchreg.helpers import assert_same_namespace, plain, snapshot
 
 SERVED = [0]  # children served by a test model's __getattr__: what a resolution walks through
 
@@ -269,6 +269,23 @@ def test_nested_blocks_share_through_a_plan() -> None:
             assert {e.count for e in inner.entries} == {2}
         assert patched_tags(m) == ["layer0", "layer1"]
     assert patched_tags(m) == []
+
+
+def test_a_shared_install_after_a_clean_one_counts_each_once() -> None:
+    """A planned apply whose first install is clean and whose later ones an outer block holds installs the first
+    once, counts a user of the others, and each block's exit restores exactly what it took."""
+    registry, m = Registry("t"), model()
+    planned(registry, m)
+    before = [snapshot(o) for o in (m, *m.mtp.layers)]
+    with registry.patched(FORWARD, m) as outer:  # the layers' installs, held by an outer block only
+        with block(registry, SET, m) as (inner, walks):
+            assert walks == 0  # the plan, not a resolution
+            assert inner.installed == 1 and m.forward(1) == "own"
+            assert sorted((e.patch, e.count) for e in inner.entries) == [("forward", 2), ("forward", 2), ("own", 1)]
+        assert "forward" not in vars(m) and patched_tags(m) == ["layer0", "layer1"]
+        assert {e.count for e in outer.entries} == {1}
+    for snap, obj in zip(before, (m, *m.mtp.layers), strict=True):
+        assert_same_namespace(snap, obj)
 
 
 def test_stale_holder_half_way_leaves_nothing_behind() -> None:
