@@ -231,6 +231,31 @@ def test_refresh_re_evaluates_predicates() -> None:
         assert report.installed == 0 and report.skipped == (("gated", "the flag"),)
 
 
+def test_refresh_during_a_resolution_makes_no_plan_of_its_answers() -> None:
+    """An apply whose resolution ran while ``refresh()`` was called keeps no plan of the answers it had before:
+    the next apply asks the predicate again."""
+    state = {"ok": True, "refresh_in_walk": False}
+    gated = Patch("gated", "mtp.layers[*].forward", plain("patched"), when=check(lambda: (state["ok"], "gate"), "the gate is open"))
+
+    class Refreshing(Node):
+        def __getattr__(self, name: str) -> Any:
+            if state["refresh_in_walk"]:  # the gate turns, and refresh() runs, while this apply resolves
+                state["refresh_in_walk"], state["ok"] = False, False
+                patchreg.refresh()
+            return super().__getattr__(name)
+
+    registry, m = Registry("t"), model()
+    m.__class__ = Refreshing
+    with registry.patched(gated, m) as first:
+        assert first.installed == 2
+    state["refresh_in_walk"] = True
+    with registry.patched(gated, m) as second:  # the apply that would make the plan: answered before refresh()
+        assert second.installed == 2
+    with registry.patched(gated, m) as third:
+        assert third.installed == 0 and third.skipped == (("gated", "gate"),)
+    assert patched_tags(m) == []
+
+
 def test_a_foreign_value_in_the_namespace_takes_the_checked_path_and_is_restored() -> None:
     """A value someone else set in a planned holder's namespace is patched over and put back exactly."""
     registry, m = Registry("t"), model()
