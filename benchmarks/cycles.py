@@ -113,6 +113,15 @@ def cycles(settings: Settings) -> Section:
                 f"{pair.ratio(ours_name, peer).median:.3f}x (ours {pair.stats[ours_name].us()})",
             )
         )
+    peers = _after_a_step({name: variants[name] for name in (ours_name, *like)}, settings)
+    for peer in like:
+        section.rows.append(
+            (
+                f"{peer}, right after a training step, ours and the like-for-like peers only: information",
+                peers.stats[peer].us(),
+                f"{peers.ratio(ours_name, peer).median:.3f}x (ours {peers.stats[ours_name].us()})",
+            )
+        )
     ours_us = cmp.stats[ours_name].median / 1e3
     section.checks.append(Check("enter + exit, mtp_patched", f"{ours_us:.2f} µs", "<= 10 µs", ours_us <= 10))
     for peer, bar in (("verl 0.9.1 patch+unpatch", 0.1),):
@@ -179,7 +188,9 @@ def cycles(settings: Settings) -> Section:
         "that peer: what a process running one of them between its steps sees. In the run of every side, ten "
         "other sides run between two cycles of one side; mock, MonkeyPatch and wrapt all go through "
         "`nn.Module.__setattr__` and `__delattr__`, so they keep that code in cache for one another, while our "
-        "code is shared with the engine-alone row only and is evicted further between two of its cycles.",
+        "code is shared with the engine-alone row only and is evicted further between two of its cycles. The "
+        'rows "ours and the like-for-like peers only" time four sides (ours and the three like-for-like peers): '
+        "between the two, they show how the ratio grows with the number of sides that share the peers' code.",
         _cold_profile(settings),
         _lock_note(cmp, after, ours_name),
         _instructions_note(ops, [ours_name, *like, ENGINE]),

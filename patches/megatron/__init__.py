@@ -18,6 +18,7 @@ from patches.megatron.mtp import (
     MTP_SET,
     POSTPROCESS,
     POSTPROCESS_DETACHED,
+    MTPBlock,
     MTPReport,
     mtp_patched,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "MTP_SET",
     "POSTPROCESS",
     "POSTPROCESS_DETACHED",
+    "MTPBlock",
     "MTPConflictError",
     "MTPPatchError",
     "MTPReport",

@@ -50,7 +50,7 @@ from patches.megatron._verified import (
     MTP_BLOCK_FORWARD_BODY,
     POSTPROCESS_BODY,
 )
-from patches.megatron.errors import MTPConflictError
+from patches.megatron.errors import MTPConflictError, MTPPatchError
 from patchreg import Patch, PatchConflictError, PatchSet, accepts, check, has, not_needed_when, requires
 
 __all__ = [
@@ -67,6 +67,7 @@ __all__ = [
     "MTP_SET",
     "POSTPROCESS",
     "POSTPROCESS_DETACHED",
+    "MTPBlock",
     "MTPReport",
     "mtp_patched",
 ]
@@ -354,13 +355,22 @@ def _no_mtp_text(models: Sequence[Any]) -> str:
 class MTPBlock(patchreg.Patched[MTPReport]):
     """What :func:`mtp_patched` returns: a :class:`patchreg.Patched` block of the MTP patch set on a model.
 
-    Enters nest and are per thread, and misuse (exit twice, exit without enter) is handled there;
-    the ``with`` statement binds an :class:`MTPReport`.
+    A context manager (the ``with`` statement binds an :class:`MTPReport`) and a decorator. Enters nest
+    and are per thread, and misuse (exit twice, exit without enter) is handled there. Make one with
+    :func:`mtp_patched`, not by calling the class.
     """
 
     __slots__ = ("bare", "detach_encoder")
 
+    detach_encoder: bool  #: the MTP loss trains only the MTP layers (see :func:`mtp_patched`)
     bare: bool  #: the model is a bare model of a known class (not wrapped, not chunks): found without a walk
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        msg = (
+            "MTPBlock is not built by calling the class: call mtp_patched(model, detach_encoder=...), which finds "
+            "the model's patch set and returns the block."
+        )
+        raise MTPPatchError(msg, target="MTPBlock")
 
     @property
     def model(self) -> Any:
@@ -433,8 +443,11 @@ def mtp_patched(
     """
     block = _new(MTPBlock)  # a function, not the class's call: a with statement per step pays for no keyword dict
     detach = block.detach_encoder = bool(detach_encoder)
-    known = (_DETACHED if detach else _ATTACHED).get(type(model))  # a bare model of a class met before: no walk
-    block.bare = known is not None
-    patch_set = known if known is not None else patch_set_for(model, detach)
+    known = _DETACHED if detach else _ATTACHED
+    patch_set = known.get(type(model))  # a bare model of a class met before: no walk
+    block.bare = patch_set is not None
+    if patch_set is None:
+        patch_set = patch_set_for(model, detach)  # (which remembers a bare model's class)
+        block.bare = type(model) in known
     _init(block, _REGISTRY if registry is None else registry, patch_set, model, strict)
     return block

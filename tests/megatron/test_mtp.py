@@ -17,7 +17,9 @@ import torch
 
 import patchreg
 from patches.megatron import (
+    MTPBlock,
     MTPConflictError,
+    MTPPatchError,
     UnsupportedModelError,
     cpu_patched,
     mtp_patched,
@@ -382,6 +384,13 @@ def test_block_is_a_whole_patched_block(wrapped: bool) -> None:
             "target": MTP_DETACH_SET,
         }
         assert made.open_count == 0 and made.patch_set is MTP_DETACH_SET and made.detach_encoder is True
+        assert made.bare is not wrapped and isinstance(made, MTPBlock)
+
+
+def test_the_block_class_is_not_called() -> None:
+    """MTPBlock called by hand (which would leave the block without its set) is refused, naming mtp_patched."""
+    with pytest.raises(MTPPatchError, match=r"call mtp_patched\(model, detach_encoder=\.\.\.\)"):
+        MTPBlock(build_gpt(), True)
 
 
 def test_one_instance_shared_by_threads() -> None:
