@@ -45,7 +45,7 @@ class Patched(Generic[T]):
     :meth:`fresh` (the block each call of a decorated function enters).
     """
 
-    __slots__ = ("_one_call", "_open", "obj", "registry", "strict", "target")  # no __dict__: a block per step
+    __slots__ = ("_entered", "_one_call", "_open", "obj", "registry", "strict", "target")  # no __dict__: per step
 
     def __init__(self, registry: Registry, target: Target, obj: Any = None, strict: bool = False) -> None:
         self.registry = registry
@@ -53,9 +53,9 @@ class Patched(Generic[T]):
         self.obj = obj
         self.strict = strict
         #: the enters not exited yet, in order, as (thread, report, value): each thread exits its own last one.
-        #: None until the first enter (a block made per step allocates one list and one tuple); after it, an
-        #: exit with nothing open is a no-op
-        self._open: list[tuple[int, Report, T]] | None = None
+        #: Made here, not at the first enter, where two threads' first enters would each make one
+        self._open: list[tuple[int, Report, T]] = []
+        self._entered = False  # once entered, an exit with nothing open is a no-op (before, a misuse)
         self._one_call = False  # made by a decorated function for one call: its one enter may exit elsewhere
 
     def open(self) -> tuple[Report, T]:
@@ -73,14 +73,12 @@ class Patched(Generic[T]):
     @property
     def open_count(self) -> int:
         """How many enters of this block are not exited yet, on every thread."""
-        return len(self._open or ())
+        return len(self._open)
 
     def __enter__(self) -> T:
         report, value = self.open()
-        entered = self._open
-        if entered is None:
-            entered = self._open = []
-        entered.append((_thread(), report, value))  # list.append: atomic, whichever thread enters
+        self._entered = True
+        self._open.append((_thread(), report, value))  # list.append: atomic, whichever thread enters
         return value
 
     def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
@@ -99,10 +97,10 @@ class Patched(Generic[T]):
                 _release()
         else:
             registry.revert(report)  # a subclass's open() returned another registry's report: refused there
-        entered.remove(entry)  # type: ignore[union-attr]  # one C call (atomic), by identity: this very tuple
+        entered.remove(entry)  # one C call (atomic), by identity: this very tuple
         self.close(entry[2])
 
-    def _innermost(self, entered: list[tuple[int, Report, T]] | None) -> tuple[int, Report, T] | None:
+    def _innermost(self, entered: list[tuple[int, Report, T]]) -> tuple[int, Report, T] | None:
         """The enter an exit on this thread ends: its innermost one, or (misuse) a refusal; None: nothing open."""
         key = _thread()
         if entered:
@@ -110,14 +108,14 @@ class Patched(Generic[T]):
                 if entry[0] == key:
                     return entry
             return self._misused(key, entered)
-        if entered is not None:
+        if self._entered:
             return None
         return self._misused(key, [])
 
     def _misused(self, thread: int, entered: list[tuple[int, Report, T]]) -> tuple[int, Report, T]:
         """An exit on ``thread``, which has nothing open here while ``entered`` is open elsewhere: whose enter
         it exits (a decorated generator's one enter, finished on another thread), or a refusal."""
-        if self._open is None:
+        if not self._entered:
             msg = (
                 f"{self!r} was exited without being entered; use it as 'with {self!r}:' (or as a decorator), "
                 "which enters it first. Nothing was changed."
