@@ -60,7 +60,7 @@ _MethodType = types.MethodType  # a planned instance install: the replacement it
 _Ref = weakref.ReferenceType
 _new = object.__new__
 _acquire, _release = LOCK.acquire, LOCK.release
-_time = time.time
+_time = time.time_ns
 _DEBUG = logging.DEBUG
 generation = [0]  # bumped by refresh(): plans made before hold stale predicate answers
 
@@ -392,7 +392,7 @@ def apply_planned(
     return ledger
 
 
-def _take_each(installs: Installs, plan: Plan, ledger: Ledger, now: float) -> None:
+def _take_each(installs: Installs, plan: Plan, ledger: Ledger, now: int) -> None:
     """A planned apply the general way (under the lock): take a user of each install (a shared one counted, the
     rest installed), into ``ledger``; stale (:class:`_Stale`) if a holder or its class changed. On an exception,
     the caller releases the ledger (all or nothing)."""

@@ -325,7 +325,7 @@ def entry(layer: Layer, state: str | None = None) -> Installed:
         attr=site.attr if isinstance(site.attr, str) else repr(site.attr),
         kind=patch.kind,
         count=count,
-        since=layer.since,
+        since=layer.since / 1e9,
         state=state,
         address=site.address,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 import types
 from typing import Any
 
@@ -153,6 +154,20 @@ def test_reverted_report_entries_show_count_zero_while_another_user_holds(patch_
     assert (outer.held, outer.reverted) == (1, False)
     assert [(e.state, e.count) for e in outer.entries] == [("active", 1)]
     patch_registry.revert(outer)
+
+
+def test_entries_say_since_when_in_seconds_of_the_clock(patch_registry: Registry) -> None:
+    """An install's ``since`` is the time of its apply in seconds (``time.time()``), by the general path and by a
+    plan's, and ``summary()`` counts from it."""
+    patch = Patch("own", "method", plain("patched"))
+    obj = sample.Child()
+    for _ in range(3):  # the first apply resolves, the second makes a plan, the third is planned
+        before = time.time()
+        with patch_registry.patched(patch, obj) as report:
+            after = time.time()
+            (entry,) = report.entries
+            assert before - 0.01 <= entry.since <= after + 0.01
+            assert "s ago" in patch_registry.summary() and "e+" not in patch_registry.summary()
 
 
 def test_patchset_bad_members() -> None:
