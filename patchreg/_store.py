@@ -259,8 +259,8 @@ class Ledger(Report):
         self.released = False
         self.unwound = 0  # how many layers, from the end, were released (an interrupted release resumes)
         self.new_installs = 0
-        #: every layer a planned clean install (an instance attribute absent before, the installed object held
-        #: by weak reference, no lazy patch): its release checks only what can have changed since
+        #: every layer a planned clean install (a method bound to its holder, on an instance attribute absent
+        #: before, held by weak reference; no lazy patch): its release checks only what can have changed since
         self.clean = False
 
 
