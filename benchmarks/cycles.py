@@ -122,6 +122,10 @@ def cycles(settings: Settings) -> Section:
                 f"{peers.ratio(ours_name, peer).median:.3f}x (ours {peers.stats[ours_name].us()})",
             )
         )
+    twins = "MonkeyPatch x3 + undo"
+    monkeypatch_like = next((n for n in like if n.startswith("MonkeyPatch")), None)
+    if monkeypatch_like is not None and twins in variants:
+        section.rows.extend(_twin_rows(variants, settings, ours_name, monkeypatch_like, twins))
     ours_us = cmp.stats[ours_name].median / 1e3
     section.checks.append(Check("enter + exit, mtp_patched", f"{ours_us:.2f} µs", "<= 10 µs", ours_us <= 10))
     for peer, bar in (("verl 0.9.1 patch+unpatch", 0.1),):
@@ -190,7 +194,12 @@ def cycles(settings: Settings) -> Section:
         "`nn.Module.__setattr__` and `__delattr__`, so they keep that code in cache for one another, while our "
         "code is shared with the engine-alone row only and is evicted further between two of its cycles. The "
         'rows "ours and the like-for-like peers only" time four sides (ours and the three like-for-like peers): '
-        "between the two, they show how the ratio grows with the number of sides that share the peers' code.",
+        "between the two, they show how the ratio grows with the number of sides that share the peers' code. The "
+        'rows "ours vs MonkeyPatch x2 ... with" measure that directly: the same two sides, then with a third that '
+        "runs MonkeyPatch's code on another model, or a second mtp_patched side, or both. A side whose code another "
+        "side also runs between two steps finds it in cache; in the run of every side, MonkeyPatch's, mock's and "
+        "wrapt's rows (and verl's) all run `nn.Module.__setattr__` / `__delattr__`, ours only shares with the "
+        "engine-alone row.",
         _cold_profile(settings),
         _lock_note(cmp, after, ours_name),
         _instructions_note(ops, [ours_name, *like, ENGINE]),
@@ -242,6 +251,33 @@ def _after_a_step(variants: dict[str, Loop], settings: Settings) -> Comparison:
             warmup=2,
             before=lambda: _step.forward_backward(model, batch),
         )
+
+
+def _twin_rows(
+    variants: dict[str, Loop], settings: Settings, ours_name: str, peer: str, peer_twin: str
+) -> list[tuple[str, str, str]]:
+    """Ours vs ``peer`` right after a step: the two alone, then with a side that runs the peer's code on another
+    model (``peer_twin``), with a second ``mtp_patched`` side (ours on another model), and with both: what an
+    after-step ratio owes to the code other sides keep in cache."""
+    twin = looped(_patchreg_cycle(_model.build()))
+    alone = {ours_name: variants[ours_name], peer: variants[peer]}
+    groups = {
+        "the two alone": alone,
+        f"with {peer_twin} (the peer's code, another model)": {**alone, peer_twin: variants[peer_twin]},
+        "with a second mtp_patched side (ours, another model)": {**alone, "twin": twin},
+        "with both": {**alone, peer_twin: variants[peer_twin], "twin": twin},
+    }
+    rows = []
+    for label, sides in groups.items():
+        found = _after_a_step(sides, settings)
+        rows.append(
+            (
+                f"ours vs {peer} right after a training step, {label}: information",
+                f"ours {found.stats[ours_name].us()}",
+                f"{found.ratio(ours_name, peer).median:.3f}x",
+            )
+        )
+    return rows
 
 
 class _Slotted:
