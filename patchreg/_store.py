@@ -416,10 +416,10 @@ class Installs:
                 stack = layer.stack
                 if layer.count != 1 or len(stack.layers) != 1 or stack.dependents is not None:
                     break
-                holder, mine = stack.ref(), layer.installed()
-                if holder is None or mine is None:
+                mine = layer.installed()  # a method bound to the holder (see Ledger.clean): its __self__ is the holder
+                if mine is None:
                     break
-                ns = holder.__dict__
+                ns = mine.__self__.__dict__
                 if ns.get(stack.attr) is not mine:
                     break
             else:
