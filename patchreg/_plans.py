@@ -351,7 +351,8 @@ def apply_planned(
         now = _time()
         try:
             if bound is None:
-                _take_each(installs, plan, ledger, now)
+                if not _take_each(installs, plan, obj, ledger):
+                    return None
             else:
                 seq = next(SEQUENCE)
                 for stack, cls, view, raw, attr, replacement, patch, layers_on in bound:
@@ -377,7 +378,8 @@ def apply_planned(
         except _General:  # put back the clean installs made so far (exactly), then take each the general way
             installs.release(ledger)
             ledger.layers, ledger.released, ledger.unwound = [], False, 0
-            _take_each(installs, plan, ledger, now)
+            if not _take_each(installs, plan, obj, ledger):
+                return None
         except _Stale:
             installs.release(ledger)
             return None
@@ -392,19 +394,15 @@ def apply_planned(
     return ledger
 
 
-def _take_each(installs: Installs, plan: Plan, ledger: Ledger, now: int) -> None:
-    """A planned apply the general way (under the lock): take a user of each install (a shared one counted, the
-    rest installed), into ``ledger``; stale (:class:`_Stale`) if a holder or its class changed. On an exception,
-    the caller releases the ledger (all or nothing)."""
-    shared = 0
-    for patch, stack, cls, view, raw, shadow, _mode, attr, _r, _h, _l in plan.flat:  # type: ignore[union-attr]
-        holder = stack.ref()
-        mro, above = shadow if shadow is not None else ((), ())
-        if type(holder) is not cls or _class_changed(cls, attr, mro, above, view, raw):
-            raise _Stale
-        check_patchable(patch, holder, attr)
-        shared += 1 - installs.take(patch, holder, attr, ledger, now)
-    ledger.new_installs = len(ledger.layers) - shared
+def _take_each(installs: Installs, plan: Plan, obj: Any, ledger: Ledger) -> bool:
+    """A planned apply the general way (under the lock): the plan's work now (:meth:`Plan.work`), a user of each
+    install taken into ``ledger`` (a shared one counted, the rest installed; all or nothing: a failure releases
+    what it took). False when the plan is stale: nothing taken, resolve again."""
+    found = plan.work(obj)
+    if found is None:
+        return False
+    ledger.new_installs = installs.take_all(found[0], ledger)
+    return True
 
 
 def resolve_all(

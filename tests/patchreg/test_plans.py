@@ -313,6 +313,20 @@ def test_a_shared_install_after_a_clean_one_counts_each_once() -> None:
         assert_same_namespace(snap, obj)
 
 
+def test_a_stale_holder_met_on_the_general_way_resolves_again() -> None:
+    """A planned apply that takes the general way (an install shared) and then finds a holder of another class
+    resolves again: it patches what a fresh resolution finds and leaves nothing of its own behind."""
+    registry, m = Registry("t"), model()
+    planned(registry, m)
+    layer = m.mtp.layers._children["1"]
+    with registry.patched(FORWARD, m):  # layer0's and layer1's installs shared: the planned apply goes the general way
+        layer.__class__ = type("Other", (Node,), {})  # and finds layer1 of another class
+        with block(registry, SET, m) as (inner, walks):
+            assert walks > 0 and inner.installed == 1 and m.forward(1) == "own"
+        assert "forward" not in vars(m) and patched_tags(m) == ["layer0", "layer1"]
+    assert patched_tags(m) == [] and "forward" not in vars(m)
+
+
 def test_stale_holder_half_way_leaves_nothing_behind() -> None:
     """A plan found stale after some of its installs undoes them, resolves again and is replaced by a new plan."""
     registry, m = Registry("t"), model()
