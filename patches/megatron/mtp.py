@@ -445,9 +445,10 @@ def mtp_patched(
     detach = block.detach_encoder = bool(detach_encoder)
     known = _DETACHED if detach else _ATTACHED
     patch_set = known.get(type(model))  # a bare model of a class met before: no walk
-    block.bare = patch_set is not None
     if patch_set is None:
         patch_set = patch_set_for(model, detach)  # (which remembers a bare model's class)
         block.bare = type(model) in known
+    else:
+        block.bare = True
     _init(block, _REGISTRY if registry is None else registry, patch_set, model, strict)
     return block
