@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export VLLM_TARGET_DEVICE := cpu
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: env demo test test-slow test-matrix test-vllm-engine test-verl lint bench bench-quick reliability docs docs-serve clean
+.PHONY: env demo test test-slow test-matrix test-vllm-engine test-verl lint bench bench-quick bench-cachesim reliability docs docs-serve clean
 
 env: $(STAMP)
 
@@ -86,6 +86,10 @@ bench: $(STAMP)
 
 bench-quick: $(STAMP)
 	$(PY) -m benchmarks --quick
+
+# The after-step cycle counted under valgrind's cache simulator (noise-free; about 25 minutes; not in CI).
+bench-cachesim: $(STAMP)
+	$(PY) -m benchmarks.cachesim
 
 # The docs site: its own small environment (mkdocstrings reads the source statically: no torch needed),
 # the packages from pyproject.toml's `docs` extra; --strict fails on a broken link or a missing reference.

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks import _machine
-from benchmarks._report import Section, render
+from benchmarks._report import Section, render, write
 from benchmarks._settings import Settings
 
 DEFAULT_OUT = Path(__file__).parent / "RESULTS.md"
@@ -62,10 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     sections.sort(key=lambda s: s.number)
     mode = "quick (`--quick`: few repetitions, figures indicative only)" if args.quick else "full"
     text = render(_machine.describe(), sections, mode=mode, seconds=time.perf_counter() - started)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    print(text)
-    print(f"[bench] wrote {args.out}", file=sys.stderr)
+    write(args.out, text, "bench")
     return 0
 
 

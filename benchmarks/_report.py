@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -67,3 +69,11 @@ def render(machine: Sequence[tuple[str, str]], sections: Sequence[Section], *, m
             out += [table(s.header, s.rows), ""]
         out += [f"- {n}" for n in s.notes]
     return "\n".join(out).rstrip() + "\n"
+
+
+def write(out: Path, text: str, tag: str) -> None:
+    """Write a report to ``out`` (its folder made), echo it, and say where it went on stderr."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(text)
+    print(f"[{tag}] wrote {out}", file=sys.stderr)

@@ -235,7 +235,12 @@ def test_refresh_during_a_resolution_makes_no_plan_of_its_answers() -> None:
     """An apply whose resolution ran while ``refresh()`` was called keeps no plan of the answers it had before:
     the next apply asks the predicate again."""
     state = {"ok": True, "refresh_in_walk": False}
-    gated = Patch("gated", "mtp.layers[*].forward", plain("patched"), when=check(lambda: (state["ok"], "gate"), "the gate is open"))
+    gated = Patch(
+        "gated",
+        "mtp.layers[*].forward",
+        plain("patched"),
+        when=check(lambda: (state["ok"], "gate"), "the gate is open"),
+    )
 
     class Refreshing(Node):
         def __getattr__(self, name: str) -> Any:
