@@ -6,7 +6,7 @@ step evicts. A process per side runs every side interleaved (the same mix for ea
 cycles only. The counts are noise-free: where timing right after a step varies by 10 % between runs of the VM,
 these are the same every run, and their ratio between two sides is what the after-step ratio is made of
 (every line a cycle needs that the step evicted is fetched from the next level). Slow: valgrind runs the
-import of torch and Megatron-Core too, about 12 minutes per side, two sides at a time. Not part of ``make
+import of torch and Megatron-Core too, about 12 minutes per side, two sides at a time (about 35 minutes). Not part of ``make
 bench`` or CI; needs ``valgrind`` on the PATH (``apt install valgrind``).
 """
 
@@ -27,6 +27,7 @@ DEFAULT_OUT = Path(__file__).parent / "CACHESIM.md"
 ONLY = ("postprocess_detached", "detach_embeddings")  # the patches our block installs (section 1's like for like)
 SIDES = {
     "ours": "patchreg mtp_patched",
+    "engine": "(engine alone: registry.patched(MTP_DETACH_SET, model))",
     "mock": "mock.patch.object x2 (like for like)",
     "monkeypatch": "MonkeyPatch x2 + undo (like for like)",
     "wrapt": "wrapt x2 + manual restore (like for like)",
@@ -36,10 +37,11 @@ EVENTS = ("Ir", "I1mr", "D1mr", "D1mw", "ILmr", "DLmr", "DLmw")
 
 def _sides() -> dict[str, Callable[[], None]]:
     from benchmarks import _model
-    from benchmarks._sides import _mock_cycle, _monkeypatch_cycle, _patchreg_cycle, _wrapt_cycle
+    from benchmarks._sides import _engine_cycle, _mock_cycle, _monkeypatch_cycle, _patchreg_cycle, _wrapt_cycle
 
     return {
         "ours": _patchreg_cycle(_model.build()),
+        "engine": _engine_cycle(_model.build()),
         "mock": _mock_cycle(_model.build(), ONLY),
         "monkeypatch": _monkeypatch_cycle(_model.build(), ONLY),
         "wrapt": _wrapt_cycle(_model.build(), ONLY),
@@ -122,7 +124,9 @@ def _measure(side: str, cycles: int, workdir: Path) -> dict[str, int]:
         "--cycles",
         str(cycles),
     ]
-    done = subprocess.run(command, capture_output=True, text=True, cwd=Path(__file__).parent.parent, check=False)
+    env = {**os.environ, "PYTHONHASHSEED": "0"}  # the same dict and set layouts in every run
+    root = Path(__file__).parent.parent
+    done = subprocess.run(command, capture_output=True, text=True, cwd=root, env=env, check=False)
     if done.returncode or not out.exists():
         raise RuntimeError(f"valgrind on side {side!r} failed (rc {done.returncode}): {done.stderr[-2000:]}")
     counts = totals(out.read_text())
@@ -155,6 +159,8 @@ def render(found: dict[str, dict[str, int]], cycles: int) -> str:
     rows += [
         "",
         "- Instructions are the machine's (the interpreter's C code running the bytecode), not bytecode.",
+        "- The engine-alone row is `Registry.patched` with the same set (no `mtp_patched` wrapper, no MTP report): "
+        "the difference to ours is the patch set's own per-enter work.",
         "- The ratio of L2 misses is what the after-step rows of RESULTS.md section 1 time: compare it with their "
         "ratios in the run of every side.",
     ]
