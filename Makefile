@@ -87,7 +87,7 @@ bench: $(STAMP)
 bench-quick: $(STAMP)
 	$(PY) -m benchmarks --quick
 
-# The after-step cycle counted under valgrind's cache simulator (noise-free; about 35 minutes; not in CI).
+# The after-step cycle counted under valgrind's cache simulator (counts, not times; about 35 minutes; not in CI).
 bench-cachesim: $(STAMP)
 	$(PY) -m benchmarks.cachesim
 

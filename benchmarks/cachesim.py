@@ -3,8 +3,9 @@
 Each like-for-like side's enter + exit runs right after a training step, as in section 1's after-step rows,
 under valgrind's cache simulator (callgrind), with the simulated last level set to this machine's L2: what a
 step evicts. A process per side runs every side interleaved (the same mix for each) and counts one side's
-cycles only. The counts are noise-free: where timing right after a step varies by 10 % between runs of the VM,
-these are the same every run, and their ratio between two sides is what the after-step ratio is made of
+cycles only. Counts do not depend on the machine's load: where timing right after a step varies by 10 % between
+runs of the VM, these move by a few per cent (the layout of memory), and their ratio between two sides is what
+the after-step ratio is made of
 (every line a cycle needs that the step evicted is fetched from the next level). Slow: valgrind runs the
 import of torch and Megatron-Core too, about 12 minutes per side, two sides at a time (about 35 minutes). Not part of ``make
 bench`` or CI; needs ``valgrind`` on the PATH (``apt install valgrind``).
@@ -142,7 +143,8 @@ def render(found: dict[str, dict[str, int]], cycles: int) -> str:
         f"(mean of {cycles}), each cycle right after a training step of another model, every side interleaved. "
         f"Simulated: this machine's L1 caches, and its L2 ({size // 1024} KiB, {ways}-way, {line} B lines) as the "
         "last level: a line missed there is one a step evicted, fetched from L3 or memory. Counts, not times: "
-        "the same in every run.",
+        "they do not depend on the machine's load (between two runs they move by a few per cent: the layout of "
+        "memory).",
         "",
         "| side | bytecode + C instructions | L1 misses (instruction / data) | L2 misses (instruction / data) "
         "| L2 misses, ours ÷ side |",
