@@ -3,12 +3,12 @@
 Each like-for-like side's enter + exit runs right after a training step, as in section 1's after-step rows,
 under valgrind's cache simulator (callgrind), with the simulated last level set to this machine's L2: what a
 step evicts. A process per side runs every side interleaved (the same mix for each) and counts one side's
-cycles only. Counts do not depend on the machine's load: where timing right after a step varies by 10 % between
-runs of the VM, these move by a few per cent (the layout of memory), and their ratio between two sides is what
-the after-step ratio is made of
-(every line a cycle needs that the step evicted is fetched from the next level). Slow: valgrind runs the
-import of torch and Megatron-Core too, about 12 minutes per side, two sides at a time (about 35 minutes). Not part of ``make
-bench`` or CI; needs ``valgrind`` on the PATH (``apt install valgrind``).
+cycles only. Counts do not depend on the machine's load: where timing right after a step varies by 10 %
+between runs of the VM, these move by a few per cent (the layout of memory). Their ratio between two sides is
+what the after-step ratio is made of: every line a cycle needs that the step evicted is fetched from the next
+level. Slow: valgrind runs the import of torch and Megatron-Core too, about 12 minutes per side, two sides at
+a time (about 35 minutes). Not part of ``make bench`` or CI; needs ``valgrind`` on the PATH
+(``apt install valgrind``).
 """
 
 from __future__ import annotations
