@@ -348,12 +348,12 @@ def apply_planned(
     try:
         if installs.dead:
             installs.purge()
-        now = _time()
         try:
             if bound is None:
                 if not _take_each(installs, plan, obj, ledger):
                     return None
             else:
+                now = _time()  # (the general way reads the clock in Installs.take_all)
                 seq = next(SEQUENCE)
                 for stack, cls, view, raw, attr, replacement, patch, layers_on in bound:
                     holder = stack.ref()
