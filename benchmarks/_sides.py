@@ -46,6 +46,15 @@ def _targets(model: Any, only: tuple[str, ...] | None = None) -> list[tuple[Any,
 # -- the cycles -----------------------------------------------------------------------------
 
 
+def probe() -> tuple[int, list[str], tuple[str, ...]]:
+    """What our block installs on a fresh model of this megatron-core: (how many, the patches skipped by
+    predicate, the names of those installed: what the like-for-like peers patch)."""
+    from benchmarks import _model
+
+    with patchreg.Registry("bench-probe").patched(ours().MTP_DETACH_SET, _model.build()) as report:
+        return report.installed, [n for n, _ in report.skipped], tuple(e.patch for e in report.entries)
+
+
 def _patchreg_cycle(model: Any) -> Callable[[], None]:
     mtp_patched = ours().mtp_patched
 

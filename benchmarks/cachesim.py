@@ -24,28 +24,31 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from benchmarks._report import write
+from benchmarks._sides import ENGINE, probe
+
 DEFAULT_OUT = Path(__file__).parent / "CACHESIM.md"
-ONLY = ("postprocess_detached", "detach_embeddings")  # the patches our block installs (section 1's like for like)
+#: the sides, each with its row label (``{n}``: how many patches our block installs, which the peers patch too)
 SIDES = {
     "ours": "patchreg mtp_patched",
-    "engine": "(engine alone: registry.patched(MTP_DETACH_SET, model))",
-    "mock": "mock.patch.object x2 (like for like)",
-    "monkeypatch": "MonkeyPatch x2 + undo (like for like)",
-    "wrapt": "wrapt x2 + manual restore (like for like)",
+    "engine": ENGINE,
+    "mock": "mock.patch.object x{n} (like for like)",
+    "monkeypatch": "MonkeyPatch x{n} + undo (like for like)",
+    "wrapt": "wrapt x{n} + manual restore (like for like)",
 }
-EVENTS = ("Ir", "I1mr", "D1mr", "D1mw", "ILmr", "DLmr", "DLmw")
 
 
 def _sides() -> dict[str, Callable[[], None]]:
     from benchmarks import _model
     from benchmarks._sides import _engine_cycle, _mock_cycle, _monkeypatch_cycle, _patchreg_cycle, _wrapt_cycle
 
+    only = probe()[2]
     return {
         "ours": _patchreg_cycle(_model.build()),
         "engine": _engine_cycle(_model.build()),
-        "mock": _mock_cycle(_model.build(), ONLY),
-        "monkeypatch": _monkeypatch_cycle(_model.build(), ONLY),
-        "wrapt": _wrapt_cycle(_model.build(), ONLY),
+        "mock": _mock_cycle(_model.build(), only),
+        "monkeypatch": _monkeypatch_cycle(_model.build(), only),
+        "wrapt": _wrapt_cycle(_model.build(), only),
     }
 
 
@@ -106,8 +109,8 @@ def totals(text: str) -> dict[str, int]:
     raise ValueError("no 'events:' and 'summary:' lines: not a callgrind output file")
 
 
-def _measure(side: str, cycles: int, workdir: Path) -> dict[str, int]:
-    size, ways, line = l2_cache()
+def _measure(side: str, cycles: int, workdir: Path, l2: tuple[int, int, int]) -> dict[str, int]:
+    size, ways, line = l2
     out = workdir / f"{side}.callgrind"
     command = [
         "valgrind",
@@ -134,8 +137,13 @@ def _measure(side: str, cycles: int, workdir: Path) -> dict[str, int]:
     return {k: v // cycles for k, v in counts.items()}
 
 
-def render(found: dict[str, dict[str, int]], cycles: int) -> str:
-    size, ways, line = l2_cache()
+def _l2_misses(counts: dict[str, int]) -> int:
+    return counts["ILmr"] + counts["DLmr"] + counts["DLmw"]
+
+
+def render(found: dict[str, dict[str, int]], cycles: int, l2: tuple[int, int, int], installed: int) -> str:
+    """The report: ``found`` per side (counts per cycle), the simulated ``l2``, ``installed`` patches per block."""
+    size, ways, line = l2
     rows = [
         "# The after-step cycle under a cache simulator",
         "",
@@ -152,10 +160,9 @@ def render(found: dict[str, dict[str, int]], cycles: int) -> str:
     ]
     ours = found.get("ours")
     for side, c in found.items():
-        l2 = c["ILmr"] + c["DLmr"] + c["DLmw"]
-        ratio = "-" if side == "ours" or ours is None else f"{(ours['ILmr'] + ours['DLmr'] + ours['DLmw']) / l2:.3f}x"
+        ratio = "-" if side == "ours" or ours is None else f"{_l2_misses(ours) / _l2_misses(c):.3f}x"
         rows.append(
-            f"| {SIDES[side]} | {c['Ir']:,} | {c['I1mr']:,} / {c['D1mr'] + c['D1mw']:,} "
+            f"| {SIDES[side].format(n=installed)} | {c['Ir']:,} | {c['I1mr']:,} / {c['D1mr'] + c['D1mw']:,} "
             f"| {c['ILmr']:,} / {c['DLmr'] + c['DLmw']:,} | {ratio} |"
         )
     rows += [
@@ -181,14 +188,13 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("valgrind") is None:
         print("benchmarks.cachesim needs valgrind on the PATH (e.g. 'apt install valgrind').", file=sys.stderr)
         return 2
+    l2 = l2_cache()
     with tempfile.TemporaryDirectory(prefix="cachesim") as tmp:
         workers = max(1, min(len(SIDES), os.cpu_count() or 1))
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-            futures = {side: pool.submit(_measure, side, args.cycles, Path(tmp)) for side in SIDES}
+            futures = {side: pool.submit(_measure, side, args.cycles, Path(tmp), l2) for side in SIDES}
             found = {side: future.result() for side, future in futures.items()}
-    from benchmarks._report import write
-
-    write(args.out, render(found, args.cycles), "cachesim")
+    write(args.out, render(found, args.cycles, l2, probe()[0]), "cachesim")
     return 0
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import patchreg
 from benchmarks import _model
 from benchmarks._peers import PeerUnavailable, load_verl
 from benchmarks._report import Check, Section
@@ -24,6 +23,7 @@ from benchmarks._sides import (
     _verl_cycle,
     _wrapt_cycle,
     ours,
+    probe,
 )
 from benchmarks._timing import Comparison, Loop, compare, instructions, looped
 
@@ -35,7 +35,6 @@ def cycles(settings: Settings) -> Section:
         "Enter + exit: `mtp_patched(model, detach_encoder=True)` vs the peers",
         ("side", "per cycle", "patchreg ÷ side"),
     )
-    mtp = ours()
     variants: dict[str, Callable[[int], object]] = {}
     ops: dict[str, Callable[[], None]] = {}
     models = {}
@@ -62,11 +61,7 @@ def cycles(settings: Settings) -> Section:
         _wrapt_cycle,
         _engine_cycle,
     ]
-    probe = _model.build()
-    with patchreg.Registry("bench-probe").patched(mtp.MTP_DETACH_SET, probe) as report:
-        installed = report.installed
-        skipped = [n for n, _ in report.skipped]
-        only = tuple(e.patch for e in report.entries)
+    installed, skipped, only = probe()
     if installed < len(SITES):  # like for like: the peers on just the attributes our block installs
         n = installed
         names += [f"mock.patch.object x{n} (like for like)", f"MonkeyPatch x{n} + undo (like for like)"]
@@ -123,9 +118,9 @@ def cycles(settings: Settings) -> Section:
             )
         )
     twins = "MonkeyPatch x3 + undo"
-    monkeypatch_like = next((n for n in like if n.startswith("MonkeyPatch")), None)
-    if monkeypatch_like is not None and twins in variants:
-        section.rows.extend(_twin_rows(variants, settings, ours_name, monkeypatch_like, twins))
+    monkeypatch = next((n for n in like if n.startswith("MonkeyPatch")), None)
+    if monkeypatch is not None and twins in variants:
+        section.rows.extend(_twin_rows(variants, settings, ours_name, monkeypatch, twins))
     ours_us = cmp.stats[ours_name].median / 1e3
     section.checks.append(Check("enter + exit, mtp_patched", f"{ours_us:.2f} µs", "<= 10 µs", ours_us <= 10))
     for peer, bar in (("verl 0.9.1 patch+unpatch", 0.1),):
@@ -153,7 +148,6 @@ def cycles(settings: Settings) -> Section:
                 None,
             )
         )
-    monkeypatch = next((n for n in like if n.startswith("MonkeyPatch")), None)
     if monkeypatch is not None:  # issue 14: no regression against the 0.97x measured before it (within 1.05x)
         r = cmp.ratio(ours_name, monkeypatch).median
         bar = round(0.97 * 1.05, 3)
@@ -196,10 +190,8 @@ def cycles(settings: Settings) -> Section:
         'rows "ours and the like-for-like peers only" time four sides (ours and the three like-for-like peers): '
         "between the two, they show how the ratio grows with the number of sides that share the peers' code. The "
         'rows "ours vs MonkeyPatch x2 ... with" measure that directly: the same two sides, then with a third that '
-        "runs MonkeyPatch's code on another model, or a second mtp_patched side, or both. A side whose code another "
-        "side also runs between two steps finds it in cache; in the run of every side, MonkeyPatch's, mock's and "
-        "wrapt's rows (and verl's) all run `nn.Module.__setattr__` / `__delattr__`, ours only shares with the "
-        "engine-alone row.",
+        "runs MonkeyPatch's code on another model, or a second mtp_patched side, or both: a side whose code another "
+        "side also runs between two steps finds it in cache.",
         _cold_profile(settings),
         _lock_note(cmp, after, ours_name),
         _instructions_note(ops, [ours_name, *like, ENGINE]),

@@ -37,8 +37,9 @@ def test_cachesim_reads_callgrind_totals_and_renders_the_ratio() -> None:
         cachesim.totals("events: Ir\n")
     ours = cachesim.totals(text)
     peer = {**ours, "ILmr": 5, "DLmr": 10, "DLmw": 5}
-    report = cachesim.render({"ours": ours, "monkeypatch": peer}, cycles=1)
+    report = cachesim.render({"ours": ours, "monkeypatch": peer}, cycles=1, l2=(2 << 20, 16, 64), installed=2)
     assert "| MonkeyPatch x2 + undo (like for like) | 100 | 2 / 7 | 5 / 15 | 2.000x |" in report
+    assert "its L2 (2048 KiB, 16-way, 64 B lines)" in report
     size, ways, line = cachesim.l2_cache()
     assert size >= 64 * 1024 and ways >= 1 and line >= 16
 
