@@ -1,7 +1,7 @@
 """mtp_patched on real architectures (MoE, MLA + MoE, GQA + RoPE, bf16, recompute) against the reference.
 
 Each model is built from Megatron-Core's own local specs (tests/megatron/arch_models.py) and runs on
-the CPU under ``cpu_patched()``. The guarantees are test_mtp.py's: logits bit-equal to upstream's main
+the CPU under ``cpu_patched()``. The guarantees are test_families.py's: logits bit-equal to upstream's main
 head, the MTP loss and its gradients equal to conftest's independent reference, exactly no MTP
 gradient to embedding / decoder / output layer with ``detach_encoder=True`` (for MoE: the trunk's
 gradient is the routers' aux-loss gradient alone, bit-equal to a step whose MTP loss is scaled by 0),

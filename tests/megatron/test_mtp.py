@@ -1,12 +1,14 @@
-"""mtp_patched on a tiny real GPTModel: logits, MTP gradients and losses against the independent reference."""
+"""mtp_patched on a tiny real GPTModel: losses, the tracker, RL mode, the block's forms, refusals, upstream calls.
+
+The guarantees GPTModel shares with HybridModel (logits and MTP gradients against the independent reference,
+wrappers, chunk lists, labels=None, recompute, restoring upstream, the report) are in test_families.py.
+"""
 
 from __future__ import annotations
 
-import gc
 import sys
 import threading
 import traceback
-import weakref
 from typing import Any
 
 import pytest
@@ -21,7 +23,6 @@ from patches.megatron import (
     MTPConflictError,
     MTPPatchError,
     UnsupportedModelError,
-    cpu_patched,
     mtp_patched,
 )
 from patches.megatron._compat import call_kwargs
@@ -30,64 +31,34 @@ from patches.megatron.mtp import CHECKPOINTED_FORWARD, MTP_DETACH_SET, MTP_SET
 from tests.megatron.conftest import (
     MCORE,
     build_gpt,
-    check_gradients,
     grad_of,
     make_batch,
     mtp_params,
-    record_measurement,
     reference,
     rel_err,
-    trunk_params,
     unwrap,
 )
 
 
 def patched_step(model: Any, batch: Any, detach: bool, **kwargs: Any) -> tuple[Any, Any]:
     """Logits and report of one patched forward, and the MTP loss alone backpropagated (main loss x 0)."""
-    unwrap(model).zero_grad(set_to_none=True)
+    model.zero_grad(set_to_none=True)
     with mtp_patched(model, detach_encoder=detach) as report:
         logits = model(*batch.args(), **batch.kwargs(), **kwargs)
         (logits * 0).sum().backward()
     return logits, report
 
 
-def reference_grads(model: Any, batch: Any) -> tuple[Any, dict[str, Any]]:
-    """The reference and the gradient of its MTP loss for every parameter."""
-    ref = reference(model, batch)
-    params = {**mtp_params(model), **trunk_params(model)}
+def reference_grads(
+    model: Any, batch: Any, reference_of: Any = reference, inner: Any = unwrap
+) -> tuple[Any, dict[str, Any]]:
+    """The reference (GPTModel's unless another family's is given) and its MTP loss's gradient for every parameter."""
+    ref = reference_of(model, batch)
+    params = dict(inner(model).named_parameters())
     grads = torch.autograd.grad(ref.mtp_loss, list(params.values()), allow_unused=True)
     return ref, {
         n: (g if g is not None else torch.zeros_like(p)) for (n, p), g in zip(params.items(), grads, strict=True)
     }
-
-
-def applicable(patch_set: Any) -> set[str]:
-    """Names of the patches whose predicate holds on the installed release."""
-    return {p.name for p in patch_set if p.when.evaluate().ok}
-
-
-@pytest.mark.parametrize("detach", [False, True], ids=["trunk", "detached"])
-def test_logits_equal_upstream_main_head(detach: bool) -> None:
-    """The patched model returns [b, s, vocab] logits bit-equal to the upstream main head's."""
-    model, batch = build_gpt(), make_batch()
-    ref = reference(model, batch)
-    logits, _ = patched_step(model, batch, detach)
-    assert logits.shape == (2, 8, 64)
-    assert torch.equal(logits, ref.logits)
-    record_measurement("logits max abs diff", float((logits - ref.logits).abs().max().detach()))
-
-
-@pytest.mark.parametrize("depth", [1, 2], ids=["mtp1", "mtp2"])
-@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
-@pytest.mark.parametrize("detach", [False, True], ids=["trunk", "detached"])
-def test_mtp_gradients_match_reference(detach: bool, tied: bool, depth: int) -> None:
-    """MTP-layer gradients match the reference within 1e-5; trunk gradients are zero iff detached."""
-    model, batch = build_gpt(tied=tied, mtp_num_layers=depth), make_batch()
-    _, want = reference_grads(model, batch)
-    _, report = patched_step(model, batch, detach)
-    key = f"mtp grad max abs diff (detach={detach}, tied={tied}, depth={depth})"
-    check_gradients(mtp_params(model), trunk_params(model), want, detach, key)
-    assert len(report.mtp_losses) == depth
 
 
 def test_report_carries_per_depth_losses_and_tracker_gets_them() -> None:
@@ -157,69 +128,11 @@ def test_per_token_loss_renormalises_against_the_main_token_count() -> None:
         assert rel_err(grad_of(param), want[name] * tokens) <= 1e-5, name
 
 
-def labels_none_step(model: Any, batch: Any, patched: bool, detach: bool = False) -> tuple[Any, dict[str, Any], Any]:
-    """Logits, every parameter's gradient and the per-depth losses of one labels=None forward (main loss x 0)."""
-    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
-
-    unwrap(model).zero_grad(set_to_none=True)
-    MTPLossLoggingHelper.tracker.clear()
-    if patched:
-        with mtp_patched(model, detach_encoder=detach) as report:
-            logits = model(*batch.args(), loss_mask=batch.loss_mask)
-            (logits * 0).sum().backward()
-        losses = report.mtp_losses
-    else:
-        logits = model(*batch.args(), loss_mask=batch.loss_mask)
-        (logits * 0).sum().backward()
-        tracked = MTPLossLoggingHelper.tracker.get("loss_values")
-        losses = tuple(tracked.tolist()) if tracked is not None else ()
-    return logits, {n: grad_of(p).clone() for n, p in unwrap(model).named_parameters()}, losses
-
-
 def rl_mode() -> bool:
     """Whether the installed release has upstream's RL mode (process_mtp_loss derives labels from input_ids)."""
     from patches.megatron._loss import RL_MODE
 
     return RL_MODE.evaluate().ok
-
-
-@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
-def test_labels_none_trains_mtp_as_upstream_rl_mode(tied: bool) -> None:
-    """labels=None inside the block equals plain upstream: RL mode's losses and gradients (0.19+), else no MTP."""
-    batch = make_batch()
-    model = build_gpt(tied=tied, mtp_num_layers=2)
-    if not rl_mode():  # 0.17/0.18 upstream returns logits and trains no MTP; 0.13-0.16 upstream fails on labels=None
-        ref = reference(model, batch)
-        logits, got, losses = labels_none_step(model, batch, patched=True)
-        assert torch.equal(logits, ref.logits) and losses == ()
-        assert all(torch.count_nonzero(g) == 0 for n, g in got.items() if n.startswith("mtp."))
-        return
-    want_logits, want, want_losses = labels_none_step(build_gpt(tied=tied, mtp_num_layers=2), batch, patched=False)
-    logits, got, losses = labels_none_step(model, batch, patched=True)
-    assert torch.equal(logits, want_logits)
-    assert len(losses) == 2 and losses == pytest.approx(want_losses, rel=1e-6)
-    worst = max(float((got[n] - g).abs().max()) for n, g in want.items())
-    record_measurement(f"rl-mode parity max abs grad diff (GPTModel, tied={tied})", worst)
-    for name, grad in want.items():
-        assert torch.equal(got[name], grad), name
-    assert any(torch.count_nonzero(g) for n, g in got.items() if n.startswith("mtp."))
-
-
-@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
-def test_labels_none_detached_equals_upstream_mtp_detach_heads(tied: bool) -> None:
-    """With labels=None, detach_encoder=True gives upstream's RL mode with mtp_detach_heads=True, bit-equal."""
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
-    if not rl_mode() or "mtp_detach_heads" not in TransformerConfig.__dataclass_fields__:
-        pytest.skip(f"megatron-core {MCORE} has no RL mode with mtp_detach_heads")
-    batch = make_batch()
-    upstream_model = build_gpt(tied=tied, mtp_num_layers=2, mtp_detach_heads=True)
-    _, want, want_losses = labels_none_step(upstream_model, batch, patched=False)
-    _, got, losses = labels_none_step(build_gpt(tied=tied, mtp_num_layers=2), batch, patched=True, detach=True)
-    assert losses == pytest.approx(want_losses, rel=1e-6)
-    for name, grad in want.items():
-        assert torch.equal(got[name], grad), name
-    assert all(torch.count_nonzero(g) == 0 for n, g in got.items() if not n.startswith("mtp."))
 
 
 def test_rl_mode_mask_rule_gives_the_label_aligned_losses() -> None:
@@ -236,31 +149,6 @@ def test_rl_mode_mask_rule_gives_the_label_aligned_losses() -> None:
     with mtp_patched(model) as rl:
         model(*batch.args(), loss_mask=input_mask)
     assert rl.mtp_losses == pytest.approx(with_labels.mtp_losses, rel=1e-6)
-
-
-def test_nested_twice_then_exit_restores_upstream_exactly() -> None:
-    """Nested mtp_patched on one model installs once; afterwards vars(), outputs and refcount freeing are upstream."""
-    model, batch = build_gpt(mtp_num_layers=2), make_batch()
-    modules = [unwrap(model), *unwrap(model).mtp.layers]
-    before = [dict(vars(m)) for m in modules]
-    upstream_loss = model(*batch.args(), **batch.kwargs())
-    with mtp_patched(model, detach_encoder=True) as outer:
-        with mtp_patched(model, detach_encoder=True) as inner:
-            assert inner.installed == 0 and outer.installed > 0
-            model(*batch.args(), **batch.kwargs())
-        assert patchreg.registry.is_active("postprocess_detached", model)
-    assert not patchreg.registry.is_active("postprocess_detached", model)
-    for module, snap in zip(modules, before, strict=True):
-        now = vars(module)
-        assert now.keys() == snap.keys() and all(now[k] is snap[k] for k in snap)
-    assert torch.equal(model(*batch.args(), **batch.kwargs()), upstream_loss)
-    ref = weakref.ref(model)
-    del model, modules, before, outer, inner, now, snap, module
-    gc.disable()
-    try:
-        assert ref() is None
-    finally:
-        gc.enable()
 
 
 def test_nesting_with_the_other_detach_mode_is_refused() -> None:
@@ -284,7 +172,7 @@ class ModuleWrapper(torch.nn.Module):
 
 
 class VisionLanguage(torch.nn.Module):
-    """A VLM-style holder: the GPTModel lives in ``.language_model``."""
+    """A VLM-style holder: the model lives in ``.language_model``."""
 
     def __init__(self, language_model: torch.nn.Module) -> None:
         super().__init__()
@@ -292,48 +180,6 @@ class VisionLanguage(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.language_model(*args, **kwargs)
-
-
-@pytest.mark.parametrize("wrap", [lambda m: ModuleWrapper(ModuleWrapper(m)), VisionLanguage], ids=["module", "vlm"])
-def test_wrapped_models_are_patched_inside(wrap: Any) -> None:
-    """A .module chain or a .language_model holder gets the same logits and MTP gradients as the bare model."""
-    model, batch = wrap(build_gpt()), make_batch()
-    ref, want = reference_grads(model, batch)
-    logits, report = patched_step(model, batch, detach=True)
-    assert torch.equal(logits, ref.logits)
-    assert {e.patch for e in report.entries} == applicable(MTP_DETACH_SET)
-    for name, param in mtp_params(model).items():
-        assert rel_err(grad_of(param), want[name]) <= 1e-5, name
-
-
-def test_megatron_float16_module_wrapper() -> None:
-    """Megatron-Core's own bf16 Float16Module wrapper: patched inside, MTP trains only MTP layers when detached."""
-    from megatron.core.transformer.module import Float16Module
-
-    gpt = build_gpt(bf16=True)
-    model, batch = Float16Module(gpt.config, gpt), make_batch()
-    logits, report = patched_step(model, batch, detach=True)
-    assert logits.shape == (2, 8, 64) and len(report.mtp_losses) == 1
-    assert {e.patch for e in report.entries} == applicable(MTP_DETACH_SET)
-    assert all(p.grad is None or torch.count_nonzero(p.grad) == 0 for p in trunk_params(model).values())
-    assert all(torch.count_nonzero(grad_of(p)) for n, p in mtp_params(model).items() if n.endswith("weight"))
-
-
-def test_list_of_two_chunks() -> None:
-    """A list of two model chunks: every chunk's _postprocess is patched, MTP layers where they exist."""
-    first = build_gpt(mtp=False, seed=1, post_process=False)
-    second, batch = build_gpt(seed=2), make_batch()
-    ref, want = reference_grads(second, batch)
-    with mtp_patched([first, second], detach_encoder=True) as report:
-        assert patchreg.registry.is_active("postprocess_detached", first)
-        assert {e.patch for e in report.entries} == applicable(MTP_DETACH_SET)
-        second.zero_grad(set_to_none=True)
-        logits = second(*batch.args(), **batch.kwargs())
-        (logits * 0).sum().backward()
-    assert torch.equal(logits, ref.logits)
-    assert report.mtp_losses and not patchreg.registry.is_active("postprocess_detached", first)
-    for name, param in mtp_params(second).items():
-        assert rel_err(grad_of(param), want[name]) <= 1e-5, name
 
 
 def test_decorator_form_patches_only_during_the_call() -> None:
@@ -425,33 +271,6 @@ def test_one_instance_shared_by_threads() -> None:
     assert vars(model).keys() == before.keys() and all(vars(model)[k] is v for k, v in before.items())
 
 
-def test_report_prints_installed_and_skipped_with_reasons() -> None:
-    """The report names every patch of the set as held or skipped, with this release's reason."""
-    model = build_gpt()
-    with cpu_patched(), mtp_patched(model, detach_encoder=True) as report:
-        text = str(report)
-    names = {e.patch for e in report.entries} | {name for name, _ in report.skipped}
-    assert names == set(MTP_DETACH_SET.names)
-    assert all(reason for _, reason in report.skipped)
-    assert "megatron-core" in text and "postprocess_detached" in text
-
-
-def record_patches(model_class: str, detach: bool, report: Any) -> None:
-    """Note which patches a block installed and which it skipped (with the reason) for the matrix's summary."""
-    entry = {"installed": sorted({e.patch for e in report.entries}), "skipped": dict(report.skipped)}
-    record_measurement(f"patches ({model_class}, detach={detach})", entry)  # type: ignore[arg-type]
-
-
-@pytest.mark.parametrize("detach", [False, True], ids=["trunk", "detached"])
-def test_every_patch_of_the_set_is_held_or_skipped_with_a_reason(detach: bool) -> None:
-    """On a GPTModel each patch of the chosen set is held or skipped with this release's reason (the matrix lists them)."""
-    with mtp_patched(build_gpt(), detach_encoder=detach) as report:
-        names = {e.patch for e in report.entries} | {name for name, _ in report.skipped}
-        record_patches("GPTModel", detach, report)
-    assert names == set((MTP_DETACH_SET if detach else MTP_SET).names)
-    assert all(reason for _, reason in report.skipped)
-
-
 def test_non_gpt_model_is_refused_with_the_remedy() -> None:
     """Passing something that holds no GPTModel raises UnsupportedModelError naming the type."""
     with pytest.raises(UnsupportedModelError, match="Linear"), mtp_patched(torch.nn.Linear(2, 2)):
@@ -462,7 +281,7 @@ def test_mamba_model_without_mtp_is_refused_naming_it_and_the_release() -> None:
     """A MambaModel on a release where it has no MTP (before 0.17) is refused, naming MambaModel and the release."""
     mamba = pytest.importorskip("megatron.core.models.mamba.mamba_model", reason="no MambaModel on this release")
     if hasattr(mamba, "process_mtp_loss"):
-        pytest.skip(f"MambaModel has MTP on megatron-core {MCORE} (tests/megatron/test_hybrid.py covers it)")
+        pytest.skip(f"MambaModel has MTP on megatron-core {MCORE} (tests/megatron/test_families.py covers it)")
     model = mamba.MambaModel.__new__(mamba.MambaModel)  # the real class; refused before anything is built or read
     torch.nn.Module.__init__(model)
     with pytest.raises(UnsupportedModelError, match=rf"MambaModel on megatron-core {MCORE} has no MTP"):
@@ -470,34 +289,6 @@ def test_mamba_model_without_mtp_is_refused_naming_it_and_the_release() -> None:
 
 
 RECOMPUTE = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
-
-
-def full_step(model: Any, batch: Any, detach: bool) -> dict[str, Any]:
-    """Gradients of a PPO-like main loss plus the MTP loss, under mtp_patched."""
-    unwrap(model).zero_grad(set_to_none=True)
-    with mtp_patched(model, detach_encoder=detach):
-        logits = model(*batch.args(), **batch.kwargs())
-        (logits.float().log_softmax(-1).amax(-1) * batch.loss_mask).mean().backward()
-    return {n: grad_of(p).clone() for n, p in unwrap(model).named_parameters()}
-
-
-@pytest.mark.parametrize("detach", [False, True], ids=["trunk", "detached"])
-def test_recompute_gives_the_same_gradients(detach: bool) -> None:
-    """recompute_granularity='full' gives the gradients of no recompute (patched where upstream is broken)."""
-    from megatron.core.transformer.multi_token_prediction import MultiTokenPredictionLayer
-
-    if not hasattr(MultiTokenPredictionLayer, "_checkpointed_forward"):
-        pytest.skip(f"megatron-core {MCORE} has no MTP recompute")
-    batch = make_batch()
-    want = full_step(build_gpt(mtp_num_layers=2), batch, detach)
-    recomputed = build_gpt(mtp_num_layers=2, **RECOMPUTE)
-    got = full_step(recomputed, batch, detach)
-    for name, grad in want.items():
-        assert rel_err(got[name], grad) <= 1e-6, name
-    assert any(torch.count_nonzero(g) for n, g in got.items() if n.startswith("mtp."))
-    record_measurement(
-        f"recompute max abs grad diff (detach={detach})", max(float((got[n] - g).abs().max()) for n, g in want.items())
-    )
 
 
 def test_recompute_without_the_patch_fails_where_upstream_is_broken() -> None:
