@@ -74,7 +74,7 @@ def install_on_import(installs: Installs, pending: Pending, module: Any) -> None
             pending.state = "skipped: " + skipped[0][1] if skipped else "installed"
             ledger = pending.ledger
             ledger.skips = (*ledger.skips, *skipped)  # the apply's report says so too
-            taken = Ledger(ledger.owner, ledger.set_name)
+            taken = Ledger.make(ledger.owner, ledger.set_name)
             installs.take_all(work, taken)  # a failure releases only what this patch took, not the user's others
             ledger.layers.extend(taken.layers)
     except Exception as exc:  # never break the user's import statement

@@ -58,7 +58,6 @@ SEEN_MAX = 4096  # first applies remembered (to plan on the second one) before t
 _PLAIN, _METHOD = 1, 2
 _MethodType = types.MethodType  # a planned instance install: the replacement itself, or bound to the holder
 _Ref = weakref.ReferenceType
-_new = object.__new__
 _acquire, _release = LOCK.acquire, LOCK.release
 _time = time.time_ns
 _DEBUG = logging.DEBUG
@@ -333,7 +332,7 @@ def apply_planned(
         return None
     if plan.skipped and (strict or warn):
         report_skips(plan.name, list(plan.skipped), strict, [p for p, _r, _e in plan.items])
-    ledger = _new(Ledger)  # Ledger(owner, plan.name, plan.skipped), inline
+    ledger = Ledger()  # Ledger.make(owner, plan.name, plan.skipped), inline
     ledger.owner = owner
     ledger.set_name = plan.name
     ledger.skips = plan.skipped
@@ -363,7 +362,7 @@ def apply_planned(
                     if layers_on or attr in ns:
                         raise _General
                     value = ns[attr] = _MethodType(replacement, holder)
-                    layer = _new(Layer)  # Layer(patch, stack, value, now, ABSENT), inline
+                    layer = Layer()  # Layer.make(patch, stack, value, now, ABSENT), inline
                     layer.patch = patch
                     layer.stack = stack
                     layer.count = 1

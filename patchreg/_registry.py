@@ -168,7 +168,7 @@ class Registry:
         """Take a user of every work item (under the lock), after refusing or warning about the skips."""
         if skipped and (strict or warn):
             report_skips(name, skipped, strict, patches)
-        ledger = Ledger(self, name, tuple(skipped))
+        ledger = Ledger.make(self, name, tuple(skipped))
         installs = self._installs
         with LOCK:
             if installs.dead:
@@ -199,7 +199,7 @@ class Registry:
             return restored
         name, patches = patches_of(target)
         hits = [(patch, _hits(patch, obj)) for patch in patches]  # user code (selectors): outside the lock
-        ledger = Ledger(self, name)
+        ledger = Ledger.make(self, name)
         with LOCK:
             installs.purge()
             _lazy.cancel_patches(installs, patches)

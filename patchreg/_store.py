@@ -87,21 +87,31 @@ class Layer:
 
     patch: Patch
     stack: InstallStack
+    count: int  # users (0 once released)
+    since: int  # time.time_ns() at install (an int: the float of time.time() is dearer in cold caches)
+    seq: int  # SEQUENCE at install: the install order across registries (a patch's backup stacks by it)
+    original: Any  # what patch.backup shows (read it through displaced()); dropped once restored
+    installed: Any  # what was installed: on an instance, its weak reference (weak_or_id)
 
-    def __init__(self, patch: Patch, stack: InstallStack, installed: Any, since: int, original: Any) -> None:
+    @classmethod
+    def make(cls, patch: Patch, stack: InstallStack, installed: Any, since: int, original: Any) -> Layer:
+        """A layer of ``patch`` on ``stack``: ``installed`` displaced ``original`` at ``since``. (The class has no
+        ``__init__``: a planned apply makes its layers with a bare ``Layer()``, the cheapest allocation.)"""
+        self = cls()
         self.patch = patch
         self.stack = stack
         self.count = 1
-        self.since = since  # time.time_ns() (an int: the float of time.time() is dearer in cold caches)
+        self.since = since
         self.seq = next(SEQUENCE)
-        self.original = original  # what patch.backup shows (read it through displaced()); dropped once restored
-        self.installed: Any = installed
+        self.original = original
+        self.installed = installed
         if stack.kind == "instance":
             self.installed = weak_or_id(installed)
             if original is not ABSENT and (
                 installed is original or getattr(installed, "__wrapped__", None) is original
             ):
                 self.original = WeakOriginal.of(original)
+        return self
 
     def displaced(self) -> Any:
         """The original this layer displaced (``GONE`` once a weakly held one died with what kept it)."""
@@ -250,18 +260,27 @@ class Ledger(Report):
 
     __slots__ = ("clean", "layers", "new_installs", "owner", "released", "set_name", "skips", "unwound", "waiting")
 
-    def __init__(self, owner: Owner, name: str, skipped: tuple[tuple[str, str], ...] = ()) -> None:
+    layers: list[Layer]  # the installs this apply took a user of, in order
+    waiting: Sequence[Pending]  # its lazy patches (a list made by _lazy when it has some)
+    #: every layer a planned clean install (a method bound to its holder, on an instance attribute absent
+    #: before, held by weak reference; no lazy patch): its release checks only what can have changed since
+    clean: bool
+
+    @classmethod
+    def make(cls, owner: Owner, name: str, skipped: tuple[tuple[str, str], ...] = ()) -> Ledger:
+        """An empty ledger of ``owner`` for the set ``name``. (No ``__init__``: a planned apply makes its ledger with
+        a bare ``Ledger()``, the cheapest allocation.)"""
+        self = cls()
         self.owner = owner
         self.set_name = name
         self.skips = skipped
-        self.layers: list[Layer] = []  # the installs this apply took a user of, in order
-        self.waiting: Sequence[Pending] = ()  # its lazy patches (a list made by _lazy when it has some)
+        self.layers = []
+        self.waiting = ()
         self.released = False
-        self.unwound = 0  # how many layers, from the end, were released (an interrupted release resumes)
+        self.unwound = 0
         self.new_installs = 0
-        #: every layer a planned clean install (a method bound to its holder, on an instance attribute absent
-        #: before, held by weak reference; no lazy patch): its release checks only what can have changed since
         self.clean = False
+        return self
 
 
 class Checkpoint:
@@ -358,7 +377,7 @@ class Installs:
         wrapped = inherited_layer(stack, holder) if patch.kind == "wrap" and original is ABSENT else None
         kind, attr = stack.kind, stack.attr
         value = build(patch.replacement, patch.kind, kind, holder, attr, original)
-        layer = Layer(patch, stack, value, now, original)
+        layer = Layer.make(patch, stack, value, now, original)
         stack.layers.append(layer)  # recorded before the write: if the write raises after storing, a release restores
         ledger.layers.append(layer)
         try:

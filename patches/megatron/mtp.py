@@ -394,7 +394,7 @@ class MTPBlock(patchreg.Patched[MTPReport]):
             report = self.registry.apply(self.target, target, strict=self.strict, warn=None if has_mtp else False)
         except PatchConflictError as exc:
             raise self._conflict(exc) from exc
-        made: MTPReport = _new(MTPReport)  # the block's report, made here (one per step: no type call)
+        made = MTPReport()  # the block's report, made here (the class has no __init__: the cheapest allocation)
         made.report = report
         made.detach_encoder = self.detach_encoder
         made.active = True
