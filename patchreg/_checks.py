@@ -19,8 +19,9 @@ from patchreg.exceptions import (
 )
 
 if TYPE_CHECKING:
+    from patchreg._layers import Layer
     from patchreg._records import Patch
-    from patchreg._store import InstallStack, Layer, Ledger
+    from patchreg._store import InstallStack, Ledger
 
 __all__ = [
     "check_compatible",

@@ -19,7 +19,7 @@ from patchreg._targets import ImportPath, Selector, identity, parse_target
 from patchreg.exceptions import PatchDefinitionError
 
 if TYPE_CHECKING:
-    from patchreg._store import Layer
+    from patchreg._layers import Layer
 
 __all__ = ["ABSENT", "Backup", "Installed", "Patch", "PatchSet", "Report", "entry", "patches_of"]
 

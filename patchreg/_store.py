@@ -8,7 +8,6 @@ Patch's backup, a Report's entries), the registry and plans ask for users to be 
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import threading
@@ -18,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from patchreg._checks import check_compatible, check_release, to_release
+from patchreg._layers import GONE, Layer, Ref
 from patchreg._namespace import ABSENT, build, holder_kind, label, put_back, same, write
 from patchreg._records import Patch, Report
 from patchreg._targets import identity
@@ -27,15 +27,12 @@ if TYPE_CHECKING:
     from patchreg._lazy import Pending
 
 __all__ = [
-    "GONE",
     "LOCK",
     "REGISTRIES",
     "Checkpoint",
     "InstallStack",
     "Installs",
-    "Layer",
     "Ledger",
-    "WeakOriginal",
     "originals",
     "stack_key",
     "top_owner",
@@ -57,9 +54,6 @@ LOCK = threading.RLock()
 if hasattr(os, "register_at_fork"):  # a fork waits out any apply/revert in flight; the child's lock is free
     os.register_at_fork(before=LOCK.acquire, after_in_parent=LOCK.release, after_in_child=LOCK.release)
 
-SEQUENCE = itertools.count()  # install order across registries (a patch's backup stacks by it)
-Ref = weakref.ReferenceType
-
 
 class Owner(Protocol):
     """What the store needs of a registry: its name (for messages) and its installs."""
@@ -70,101 +64,6 @@ class Owner(Protocol):
 
 #: Every live registry (weakly): cross-registry ownership and a patch's backup look through all of them.
 REGISTRIES: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-class Layer:
-    """One patch installed on one attribute, with its user count and the original it displaced.
-
-    ``owns`` is an ``is`` test for the installed object that keeps no strong reference to an
-    instance it was bound to: on instances the installed object (a bound method, usually) is
-    held through a weak reference; one that cannot be weakly referenced, by its identity.
-    The original is held weakly too (:class:`WeakOriginal`) where what is installed keeps it alive
-    (it is that very object, or a wrapper of it): a layer over another on an instance then holds
-    no method bound to the instance either.
-    """
-
-    __slots__ = ("count", "installed", "original", "patch", "seq", "since", "stack")
-
-    patch: Patch
-    stack: InstallStack
-    count: int  # users (0 once released)
-    since: int  # time.time_ns() at install (an int: the float of time.time() is dearer in cold caches)
-    seq: int  # SEQUENCE at install: the install order across registries (a patch's backup stacks by it)
-    original: Any  # what patch.backup shows (read it through displaced()); dropped once restored
-    installed: Any  # what was installed: on an instance, its weak reference (weak_or_id)
-
-    @classmethod
-    def make(cls, patch: Patch, stack: InstallStack, installed: Any, since: int, original: Any) -> Layer:
-        """A layer of ``patch`` on ``stack``: ``installed`` displaced ``original`` at ``since``. (The class has no
-        ``__init__``: a planned apply makes its layers with a bare ``Layer()``, the cheapest allocation.)"""
-        self = cls()
-        self.patch = patch
-        self.stack = stack
-        self.count = 1
-        self.since = since
-        self.seq = next(SEQUENCE)
-        self.original = original
-        self.installed = installed
-        if stack.kind == "instance":
-            self.installed = weak_or_id(installed)
-            if original is not ABSENT and (
-                installed is original or getattr(installed, "__wrapped__", None) is original
-            ):
-                self.original = WeakOriginal.of(original)
-        return self
-
-    def displaced(self) -> Any:
-        """The original this layer displaced (``GONE`` once a weakly held one died with what kept it)."""
-        original = self.original
-        if type(original) is not WeakOriginal:
-            return original
-        found = original.ref()
-        return GONE if found is None else found
-
-    def owns(self, current: Any) -> bool:
-        """True when ``current`` is the very object this layer installed."""
-        installed: Any = self.installed
-        kind = self.stack.kind
-        if kind != "instance":
-            return current is installed or (kind == "item" and same(kind, current, installed))
-        if type(installed) is Ref:
-            mine = installed()  # None once what was installed is gone: then nothing there is ours
-            return mine is not None and mine is current
-        return bool(identity(current) == installed)
-
-    def releasable(self, current: Any) -> bool:
-        """True when releasing this layer (the top one) restores exactly: ``current`` is what it installed,
-        or the original is already there (someone else put it back or removed the attribute it added, or
-        a write of ours stored and then raised, or raised before storing)."""
-        return self.owns(current) or same(self.stack.kind, current, self.displaced())
-
-
-class WeakOriginal:
-    """An original held weakly because the object installed over it keeps it alive."""
-
-    __slots__ = ("ref",)
-    ref: weakref.ref[Any]
-
-    @staticmethod
-    def of(original: Any) -> Any:
-        """``original`` held weakly where it can be, else itself."""
-        kept = WeakOriginal()
-        try:
-            kept.ref = Ref(original)
-        except TypeError:
-            return original
-        return kept
-
-
-GONE = object()  # a weakly held original that died (what kept it alive was removed by someone else)
-
-
-def weak_or_id(installed: Any) -> Any:
-    """How an instance layer holds what it installed: a weak reference, or else its identity."""
-    try:
-        return Ref(installed)
-    except TypeError:
-        return identity(installed)
 
 
 def stack_key(patch: Patch, holder: Any, attr: Any) -> tuple[int, Any]:
