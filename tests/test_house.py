@@ -44,8 +44,7 @@ def _private_uses(tree: ast.AST) -> list[str]:
             elif node.module == "patchreg":
                 found += [f"from patchreg import {a.name}" for a in node.names if a.name not in public]
         elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "patchreg":
-            if node.attr not in public:
-                found.append(f"patchreg.{node.attr} (line {node.lineno})")
+            found += [f"patchreg.{node.attr} (line {node.lineno})"] if node.attr not in public else []
     return found
 
 
