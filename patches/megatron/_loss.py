@@ -32,6 +32,8 @@ class LastLosses:
     after that, so nothing is registered per block; the entries are held weakly by model.
     """
 
+    __slots__ = ("_by_model", "_numbers", "count")  # read at every enter and exit: no instance dict to look through
+
     def __init__(self) -> None:
         self._numbers = itertools.count(1)
         self.count = 0  # the number of the newest entry (0: none yet)

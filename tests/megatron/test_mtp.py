@@ -222,9 +222,11 @@ def test_block_is_a_whole_patched_block(wrapped: bool) -> None:
     for made in (block, block.fresh()):
         fields = {name: getattr(made, name) for name in patchreg.Patched.__slots__}  # AttributeError: one unset
         assert fields == {
-            "_entered": False,
+            "_by": None,
+            "_more": None,
             "_one_call": False,
-            "_open": [],
+            "_report": None,
+            "_value": None,
             "obj": target,
             "registry": registry,
             "strict": True,

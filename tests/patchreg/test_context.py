@@ -107,6 +107,66 @@ def test_nested_enters_unwind_per_thread(patch_registry: Registry, pristine: Any
     pristine()
 
 
+def test_enters_on_two_threads_exit_in_any_order(patch_registry: Registry, pristine: Any) -> None:
+    """Two threads' enters of one block each exit their own, in any order; an enter made after the first one
+    exited ranks after the other thread's (its exit ends it, not the other's)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    block = patch_registry.patched(_patch())
+    with ThreadPoolExecutor(1) as other:  # one thread: every call below runs on it
+        mine = block.__enter__()
+        theirs = other.submit(block.__enter__).result()
+        block.__exit__(None, None, None)  # the first enter exits while a later one is open
+        assert mine.reverted and not theirs.reverted and block.open_count == 1
+        again = block.__enter__()
+        assert block.open_count == 2 and sample.module_func(1) == "patched"
+        other.submit(block.__exit__, None, None, None).result()
+        assert theirs.reverted and not again.reverted and block.open_count == 1
+        block.__exit__(None, None, None)
+        assert again.reverted and block.open_count == 0
+        block.__exit__(None, None, None)  # nothing open: a no-op, on either thread
+        other.submit(block.__exit__, None, None, None).result()
+        first = other.submit(block.__enter__).result()  # the other thread's enter first, then this one's outer
+        outer = block.__enter__()
+        other.submit(block.__exit__, None, None, None).result()
+        inner = block.__enter__()  # nested in this thread's outer one: its exit ends this one, not the outer
+        block.__exit__(None, None, None)
+        assert first.reverted and inner.reverted and not outer.reverted and block.open_count == 1
+        block.__exit__(None, None, None)
+        assert outer.reverted and block.open_count == 0
+    pristine()
+
+
+def test_one_block_entered_by_many_threads_at_once(patch_registry: Registry, pristine: Any) -> None:
+    """Eight threads entering and exiting one block at once (a thread switch every microsecond) each exit their
+    own enter: no exit is refused, none is lost, and the original is back at the end."""
+    import sys
+
+    block = patch_registry.patched(_patch())
+    refused: list[BaseException] = []
+
+    def steps() -> None:
+        try:
+            for _ in range(300):
+                with block:
+                    assert sample.module_func(1) == "patched"
+        except BaseException as exc:
+            refused.append(exc)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=steps) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert refused == [] and block.open_count == 0
+    pristine()
+
+
 def test_subclass_hooks_open_close_fresh(patch_registry: Registry, pristine: Any) -> None:
     """A subclass's open() decides what the with statement binds, close() runs after the revert, fresh() per call."""
     closed: list[Any] = []
