@@ -45,24 +45,17 @@ class Patched(Generic[T]):
     :meth:`fresh` (the block each call of a decorated function enters).
     """
 
-    #: no __dict__: a block is made per step. The first enter not exited yet is held in three fields (no list and
-    #: no tuple per enter: a block entered once per step pays for neither); enters made while it is open, in order
-    #: after it, in ``_more``.
-    __slots__ = ("_by", "_more", "_one_call", "_report", "_value", "obj", "registry", "strict", "target")
+    __slots__ = ("_entered", "_one_call", "_open", "obj", "registry", "strict", "target")  # no __dict__: per step
 
     def __init__(self, registry: Registry, target: Target, obj: Any = None, strict: bool = False) -> None:
         self.registry = registry
         self.target = target
         self.obj = obj
         self.strict = strict
-        #: the thread of the first open enter; 0 once entered with that enter exited, None before any enter (then an
-        #: exit is a misuse, after it a no-op). Its report and value in _report and _value
-        self._by: int | None = None
-        self._report: Report | None = None
-        self._value: T | None = None
-        #: the later enters not exited yet, as (thread, report, value) in order (each thread exits its own last one);
-        #: None until an enter finds the first one open
-        self._more: list[tuple[int, Report, T]] | None = None
+        #: the enters not exited yet, in order, as (thread, report, value): each thread exits its own last one.
+        #: Made here, not at the first enter, where two threads' first enters would each make one
+        self._open: list[tuple[int, Report, T]] = []
+        self._entered = False  # once entered, an exit with nothing open is a no-op (before, a misuse)
         self._one_call = False  # made by a decorated function for one call: its one enter may exit elsewhere
 
     def open(self) -> tuple[Report, T]:
@@ -80,81 +73,59 @@ class Patched(Generic[T]):
     @property
     def open_count(self) -> int:
         """How many enters of this block are not exited yet, on every thread."""
-        return (1 if self._by else 0) + len(self._more or ())
+        return len(self._open)
 
     def __enter__(self) -> T:
         report, value = self.open()
-        me = _thread()
-        _acquire()  # two threads' enters must not both take the first place (warm here: the apply just took it)
-        try:
-            if not self._by and not self._more:  # the first place is free, and no later enter is open
-                self._report = report
-                self._value = value
-                self._by = me
-            else:
-                if self._more is None:
-                    self._more = []
-                self._more.append((me, report, value))
-        finally:
-            _release()
+        self._entered = True
+        self._open.append((_thread(), report, value))  # list.append: atomic, whichever thread enters
         return value
 
     def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
-        me = _thread()
-        if self._by == me and not self._more:  # the common case: this thread's one enter
-            report, value, entry = self._report, self._value, None
-        else:
-            found = self._innermost(me)
-            if found is None:
+        entered = self._open
+        entry = entered[-1] if entered else None
+        if entry is None or entry[0] != _thread():  # not the common case: this thread's last enter is the last one
+            entry = self._innermost(entered)
+            if entry is None:
                 return  # a second exit: nothing is open, nothing to do (as mock's)
-            report, value, entry = found
-        registry = self.registry
+        report, registry = entry[1], self.registry
         if type(report) is Ledger and report.owner is registry:  # registry.revert(report), inline: this block's own
             _acquire()
             try:
-                registry._installs.release(report)  # if this raises, the enter stays open: the exit can be retried
+                registry._installs.release(report)  # if this raises, the entry stays: the exit can be retried
             finally:
                 _release()
         else:
-            registry.revert(cast(Report, report))  # a subclass's open() returned another registry's report: refused
-        if entry is None:  # the first place is free again (its thread last: an enter takes it only once it reads 0)
-            self._report = self._value = None
-            self._by = 0
-        else:
-            self._more.remove(entry)  # type: ignore[union-attr]  # one C call (atomic), by identity: this very tuple
-        self.close(cast(T, value))
+            registry.revert(report)  # a subclass's open() returned another registry's report: refused there
+        entered.remove(entry)  # one C call (atomic), by identity: this very tuple
+        self.close(entry[2])
 
-    def _innermost(self, me: int) -> tuple[Report | None, T | None, tuple[int, Report, T] | None] | None:
-        """The enter an exit on thread ``me`` ends: its innermost one as (report, value, its entry in ``_more`` or
-        None for the first place), or (misuse) a refusal; None: nothing open."""
-        more = self._more or []
-        for entry in reversed(more):
-            if entry[0] == me:
-                return entry[1], entry[2], entry
-        if self._by == me:
-            return self._report, self._value, None
-        if not self._by and not more:  # nothing open anywhere
-            if self._by is None:
-                return self._misused(me)
+    def _innermost(self, entered: list[tuple[int, Report, T]]) -> tuple[int, Report, T] | None:
+        """The enter an exit on this thread ends: its innermost one, or (misuse) a refusal; None: nothing open."""
+        key = _thread()
+        if entered:
+            for entry in reversed(entered):
+                if entry[0] == key:
+                    return entry
+            return self._misused(key, entered)
+        if self._entered:
             return None
-        return self._misused(me)
+        return self._misused(key, [])
 
-    def _misused(self, thread: int) -> tuple[Report | None, T | None, tuple[int, Report, T] | None]:
-        """An exit on ``thread``, which has nothing open here: whose enter it exits (a decorated generator's one
-        enter, finished on another thread), or a refusal."""
-        if self._by is None:
+    def _misused(self, thread: int, entered: list[tuple[int, Report, T]]) -> tuple[int, Report, T]:
+        """An exit on ``thread``, which has nothing open here while ``entered`` is open elsewhere: whose enter
+        it exits (a decorated generator's one enter, finished on another thread), or a refusal."""
+        if not self._entered:
             msg = (
                 f"{self!r} was exited without being entered; use it as 'with {self!r}:' (or as a decorator), "
                 "which enters it first. Nothing was changed."
             )
             raise PatchError(msg, target=self._name())
-        more = self._more or []
-        if self._one_call and self.open_count == 1:  # a decorated generator or coroutine finished on another thread
-            return (self._report, self._value, None) if self._by else (more[0][1], more[0][2], more[0])
-        threads = ([self._by] if self._by else []) + [k for k, _r, _v in more]
+        if self._one_call and len(entered) == 1:
+            return entered[0]  # a decorated generator or coroutine finished on another thread than it began
         msg = (
             f"{self!r} was exited on thread {thread}, which did not enter it; it is open on thread(s) "
-            f"{sorted(set(threads))}. Exit a block on the thread that entered it, or revert the "
+            f"{sorted({k for k, _r, _v in entered})}. Exit a block on the thread that entered it, or revert the "
             "report its enter returned with registry.revert(report), which works from any thread. Nothing was "
             "changed."
         )

@@ -222,11 +222,9 @@ def test_block_is_a_whole_patched_block(wrapped: bool) -> None:
     for made in (block, block.fresh()):
         fields = {name: getattr(made, name) for name in patchreg.Patched.__slots__}  # AttributeError: one unset
         assert fields == {
-            "_by": None,
-            "_more": None,
+            "_entered": False,
             "_one_call": False,
-            "_report": None,
-            "_value": None,
+            "_open": [],
             "obj": target,
             "registry": registry,
             "strict": True,
