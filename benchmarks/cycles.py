@@ -45,31 +45,8 @@ def cycles(settings: Settings) -> Section:
     except PeerUnavailable as exc:
         verl = None
         notes.append(f"verl could not be measured: {exc}.")
-    names = [
-        "patchreg mtp_patched",
-        "verl 0.9.1 patch+unpatch",
-        "mock.patch.object x3",
-        "MonkeyPatch x3 + undo",
-        "wrapt x3 + manual restore",
-        ENGINE,
-    ]
-    builders = [
-        lambda m: _patchreg_cycle(m),
-        (lambda m: _verl_cycle(verl, m)) if verl is not None else None,
-        _mock_cycle,
-        _monkeypatch_cycle,
-        _wrapt_cycle,
-        _engine_cycle,
-    ]
     installed, skipped, only = probe()
-    if installed < len(SITES):  # like for like: the peers on just the attributes our block installs
-        n = installed
-        names += [f"mock.patch.object x{n} (like for like)", f"MonkeyPatch x{n} + undo (like for like)"]
-        names += [f"wrapt x{n} + manual restore (like for like)"]
-        builders += [lambda m: _mock_cycle(m, only), lambda m: _monkeypatch_cycle(m, only)]
-        builders += [lambda m: _wrapt_cycle(m, only)]
-    names.append(LOCK_FLOOR)  # information: what the two lock round trips of a cycle cost (no peer takes a lock)
-    builders.append(_lock_cycle)
+    names, builders = every_side(verl, installed, only)
     for name, builder in zip(names, builders, strict=True):
         if builder is None:
             continue
@@ -198,6 +175,40 @@ def cycles(settings: Settings) -> Section:
         *notes,
     ]
     return section
+
+
+def every_side(
+    verl: Any, installed: int, only: tuple[str, ...], ours: Callable[[Any], Callable[[], None]] = _patchreg_cycle
+) -> tuple[list[str], list[Callable[[Any], Callable[[], None]] | None]]:
+    """Section 1's sides, in order: names and builders (a model -> one cycle; None: verl unavailable).
+
+    ``ours`` builds the first side (``benchmarks.designs`` puts a prototype there, in the same mix).
+    """
+    names = [
+        "patchreg mtp_patched",
+        "verl 0.9.1 patch+unpatch",
+        "mock.patch.object x3",
+        "MonkeyPatch x3 + undo",
+        "wrapt x3 + manual restore",
+        ENGINE,
+    ]
+    builders: list[Callable[[Any], Callable[[], None]] | None] = [
+        ours,
+        (lambda m: _verl_cycle(verl, m)) if verl is not None else None,
+        _mock_cycle,
+        _monkeypatch_cycle,
+        _wrapt_cycle,
+        _engine_cycle,
+    ]
+    if installed < len(SITES):  # like for like: the peers on just the attributes our block installs
+        n = installed
+        names += [f"mock.patch.object x{n} (like for like)", f"MonkeyPatch x{n} + undo (like for like)"]
+        names += [f"wrapt x{n} + manual restore (like for like)"]
+        builders += [lambda m: _mock_cycle(m, only), lambda m: _monkeypatch_cycle(m, only)]
+        builders += [lambda m: _wrapt_cycle(m, only)]
+    names.append(LOCK_FLOOR)  # information: what the two lock round trips of a cycle cost (no peer takes a lock)
+    builders.append(_lock_cycle)
+    return names, builders
 
 
 def _instructions_note(ops: dict[str, Callable[[], None]], names: list[str]) -> str:

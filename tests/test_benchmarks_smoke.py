@@ -55,3 +55,18 @@ def _module(name: str, *args: str, timeout: int) -> None:
     command = [sys.executable, "-m", name, *args]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
+
+
+def test_every_design_prototype_restores_the_model() -> None:
+    """Each block design ``benchmarks.designs`` times installs our set and puts the model back exactly, cycle after
+    cycle (a prototype that left a patch installed would time less than a whole cycle)."""
+    from benchmarks import _model, designs
+
+    for label, (build, _what) in designs.DESIGNS.items():
+        model = _model.build()
+        layer = model.mtp.layers[0]
+        before = (dict(vars(model)), dict(vars(layer)))
+        cycle = build(model)
+        for _ in range(3):
+            cycle()
+        assert (dict(vars(model)), dict(vars(layer))) == before, label
