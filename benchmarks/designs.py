@@ -89,7 +89,7 @@ class _InFields(_OneFrame):
 
     __slots__ = ("_by", "_report", "_value")
 
-    def __enter__(self) -> _Report:
+    def __enter__(self) -> _Report:  # (the report is built here again, not in a helper: a frame is what it saves)
         report = self.registry.apply(self.target, self.obj, strict=self.strict)
         made = _Report()
         made.report = report
