@@ -7,7 +7,6 @@ strongly where that would keep the instance alive: a weak reference, or an ident
 
 from __future__ import annotations
 
-import itertools
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -18,9 +17,8 @@ from patchreg._targets import identity
 if TYPE_CHECKING:
     from patchreg._store import InstallStack
 
-__all__ = ["GONE", "SEQUENCE", "Layer", "Ref", "WeakOriginal", "weak_or_id"]
+__all__ = ["GONE", "Layer", "Ref", "WeakOriginal", "weak_or_id"]
 
-SEQUENCE = itertools.count()  # install order across registries (a patch's backup stacks by it)
 Ref = weakref.ReferenceType
 
 
@@ -41,20 +39,21 @@ class Layer:
     stack: InstallStack
     count: int  # users (0 once released)
     since: int  # time.time_ns() at install (an int: the float of time.time() is dearer in cold caches)
-    seq: int  # SEQUENCE at install: the install order across registries (a patch's backup stacks by it)
+    seq: int  # the store's SEQUENCE at install: the install order across registries (a patch's backup stacks by it)
     original: Any  # what patch.backup shows (read it through displaced()); dropped once restored
     installed: Any  # what was installed: on an instance, its weak reference (weak_or_id)
 
     @classmethod
-    def make(cls, patch: Patch, stack: InstallStack, installed: Any, since: int, original: Any) -> Layer:
-        """A layer of ``patch`` on ``stack``: ``installed`` displaced ``original`` at ``since``. (The class has no
-        ``__init__``: a planned apply makes its layers with a bare ``Layer()``, the cheapest allocation.)"""
+    def make(cls, patch: Patch, stack: InstallStack, installed: Any, since: int, seq: int, original: Any) -> Layer:
+        """A layer of ``patch`` on ``stack``: ``installed`` displaced ``original`` at ``since``, ``seq`` in the install
+        order (the store's count). (The class has no ``__init__``: a planned apply makes its layers with a bare
+        ``Layer()``, the cheapest allocation.)"""
         self = cls()
         self.patch = patch
         self.stack = stack
         self.count = 1
         self.since = since
-        self.seq = next(SEQUENCE)
+        self.seq = seq
         self.original = original
         self.installed = installed
         if stack.kind == "instance":

@@ -18,11 +18,11 @@ from typing import Any
 
 from patchreg._checks import check_mapping, check_patchable, name_patch, report_skips, warn_not_found
 from patchreg._guards import Guards, guard_check, trace
-from patchreg._layers import SEQUENCE, Layer, weak_or_id
+from patchreg._layers import Layer, weak_or_id
 from patchreg._namespace import ABSENT, bind_like
 from patchreg._predicates import on_refresh
 from patchreg._records import Patch, PatchSet
-from patchreg._store import _LEVELS, LOCK, REGISTRIES, Installs, InstallStack, Ledger, Owner, debugging
+from patchreg._store import _LEVELS, LOCK, REGISTRIES, SEQUENCE, Installs, InstallStack, Ledger, Owner, debugging
 from patchreg._targets import Miss, Site, identity
 from patchreg.exceptions import PatchError
 

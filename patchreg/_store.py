@@ -8,6 +8,7 @@ Patch's backup, a Report's entries), the registry and plans ask for users to be 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
@@ -61,6 +62,8 @@ class Owner(Protocol):
     name: str
     _installs: Installs
 
+
+SEQUENCE = itertools.count()  # install order across registries (a patch's backup stacks by it)
 
 #: Every live registry (weakly): cross-registry ownership and a patch's backup look through all of them.
 REGISTRIES: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -276,7 +279,7 @@ class Installs:
         wrapped = inherited_layer(stack, holder) if patch.kind == "wrap" and original is ABSENT else None
         kind, attr = stack.kind, stack.attr
         value = build(patch.replacement, patch.kind, kind, holder, attr, original)
-        layer = Layer.make(patch, stack, value, now, original)
+        layer = Layer.make(patch, stack, value, now, next(SEQUENCE), original)
         stack.layers.append(layer)  # recorded before the write: if the write raises after storing, a release restores
         ledger.layers.append(layer)
         try:
