@@ -91,7 +91,7 @@ bench-quick: $(STAMP)
 bench-cachesim: $(STAMP)
 	$(PY) -m benchmarks.cachesim
 
-# Designs of the MTP block not taken, each timed in section 1's mix in place of mtp_patched (about 3 minutes).
+# Designs of the MTP block not taken, each timed in section 1's mix in place of mtp_patched (about 2.5 minutes).
 bench-designs: $(STAMP)
 	$(PY) -m benchmarks.designs
 

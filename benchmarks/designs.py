@@ -5,7 +5,7 @@ Issue 17 asks for at most 1.0x every like-for-like peer there. These prototypes 
 Each keeps the engine's apply and release (the plan, its guard, the layers, the lock) and changes only the block
 around them. They are measurement code and not candidates as written: each drops something the real block
 guarantees, named in :data:`DESIGNS`. The process runs every design ``--runs`` times, in turn. It writes
-``benchmarks/DESIGNS.md``, about three minutes on the project's VM. It is not part of ``make bench`` or CI.
+``benchmarks/DESIGNS.md``, about two and a half minutes on the project's VM. It is not part of ``make bench`` or CI.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import gc
 import statistics
 import threading
 import time
+import types
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,11 @@ from benchmarks._report import table, write
 from benchmarks._settings import Settings
 from benchmarks._sides import _patchreg_cycle, ours, probe
 from benchmarks._timing import looped
+from patchreg._layers import Layer
+from patchreg._namespace import ABSENT as _ABSENT
+from patchreg._plans import apply_planned as _apply_planned
 from patchreg._store import LOCK, Ledger
+from patchreg._targets import identity
 
 try:
     from patches.megatron._loss import last_losses
@@ -37,6 +43,8 @@ DEFAULT_OUT = Path(__file__).parent / "DESIGNS.md"
 _thread = threading.get_ident
 _acquire, _release = LOCK.acquire, LOCK.release
 _new = object.__new__
+_MethodType = types.MethodType
+_time_ns = time.time_ns
 _SET: Any = None  # the MTP set the prototypes apply
 
 
@@ -164,6 +172,173 @@ def _one_frame_made_once(model: Any) -> Callable[[], None]:
     return op
 
 
+class _Lean(_OneFrame):
+    """One frame per enter and exit over a leaner engine: the plan and its guard, the class checks and the lock kept,
+    but per install one ``(namespace, attribute, method)`` tuple in the enter's list instead of a layer on the
+    attribute's stack, a weak reference and the ledger. What a redesign of the engine's records might reach at
+    most. Drops also: sharing and counting between blocks, conflicts with other registries, ``explain``, holding
+    the model weakly while patched."""
+
+    __slots__ = ("plan",)
+
+    def __enter__(self) -> _Report:
+        plan = self.plan
+        obj = self.obj
+        if not plan.holds(obj):
+            raise RuntimeError("the plan is stale")
+        done = []
+        _acquire()
+        try:
+            for stack, cls, view, raw, attr, replacement, _patch, layers_on in plan.bound:
+                holder = stack.ref()
+                if type(holder) is not cls or view.get(attr, _ABSENT) is not raw:
+                    raise RuntimeError("the plan is stale")
+                ns = holder.__dict__
+                if layers_on or attr in ns:
+                    raise RuntimeError("not a clean install")
+                value = ns[attr] = _MethodType(replacement, holder)
+                done.append((ns, attr, value))
+        finally:
+            _release()
+        made = _Report()
+        made.report = done
+        made.block = self
+        made.active = True
+        made._after = last_losses.count
+        made._losses = ()
+        self._entered = True
+        self._open.append((_thread(), done, made))
+        return made
+
+    def __exit__(self, *exc: object) -> None:
+        entered = self._open
+        entry = entered[-1]
+        _acquire()
+        try:
+            for ns, attr, value in reversed(entry[1]):
+                if ns.get(attr) is value:
+                    del ns[attr]
+        finally:
+            _release()
+        entered.remove(entry)
+        made = entry[2]
+        if last_losses.count != made._after:
+            made._losses = ()
+        made.active = False
+
+
+class _Direct(_OneFrame):
+    """As :class:`_OneFrame`, calling the remembered plan's apply (``patchreg._plans.apply_planned``) itself:
+    no ``Registry.apply`` frame and no look-up of the plan by the set and the object. Drops also: a plan made
+    stale by ``refresh()`` or a new object is not noticed."""
+
+    __slots__ = ("plan",)
+
+    def __enter__(self) -> _Report:
+        registry = self.registry
+        report = _apply_planned(registry, registry._installs, self.plan, self.obj, False, None)
+        made = _Report()
+        made.report = report
+        made.block = self
+        made.active = True
+        made._after = last_losses.count
+        made._losses = ()
+        self._entered = True
+        self._open.append((_thread(), report, made))
+        return made
+
+
+class _LeanLayers(_Lean):
+    """As :class:`_Lean`, with the engine's layer record per install, on the attribute's stack (what sharing,
+    conflicts and ``explain`` read), holding what it installed by weak reference; no ledger, no checks of the
+    layers at release but that the attribute still holds what was installed."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> _Report:
+        plan = self.plan
+        obj = self.obj
+        if not plan.holds(obj):
+            raise RuntimeError("the plan is stale")
+        done = []
+        _acquire()
+        try:
+            now = _time_ns()
+            for stack, cls, view, raw, attr, replacement, patch, layers_on in plan.bound:
+                holder = stack.ref()
+                if type(holder) is not cls or view.get(attr, _ABSENT) is not raw:
+                    raise RuntimeError("the plan is stale")
+                ns = holder.__dict__
+                if layers_on or attr in ns:
+                    raise RuntimeError("not a clean install")
+                value = ns[attr] = _MethodType(replacement, holder)
+                layer = Layer()
+                layer.patch = patch
+                layer.stack = stack
+                layer.count = 1
+                layer.since = now
+                layer.seq = 0
+                layer.original = _ABSENT
+                layer.installed = weakref.ref(value)
+                layers_on.append(layer)
+                done.append(layer)
+        finally:
+            _release()
+        made = _Report()
+        made.report = done
+        made.block = self
+        made.active = True
+        made._after = last_losses.count
+        made._losses = ()
+        self._entered = True
+        self._open.append((_thread(), done, made))
+        return made
+
+    def __exit__(self, *exc: object) -> None:
+        entered = self._open
+        entry = entered[-1]
+        _acquire()
+        try:
+            for layer in reversed(entry[1]):
+                stack = layer.stack
+                mine = layer.installed()
+                ns = mine.__self__.__dict__
+                if ns.get(stack.attr) is mine:
+                    del ns[stack.attr]
+                stack.layers.pop()
+                layer.count = 0
+        finally:
+            _release()
+        entered.remove(entry)
+        made = entry[2]
+        if last_losses.count != made._after:
+            made._losses = ()
+        made.active = False
+
+
+def _planned(kind: type[_OneFrame]) -> Callable[[Any], Callable[[], None]]:
+    """Cycles of a prototype that is handed the registry's plan of the MTP set on the model."""
+
+    def build(model: Any) -> Callable[[], None]:
+        global _SET
+        _SET = ours().MTP_DETACH_SET
+        registry = patchreg.registry
+        for _ in range(2):  # the second apply makes the plan
+            registry.revert(registry.apply(_SET, model))
+        plan = registry._plans[(identity(_SET), identity(model))]
+        assert plan.bound is not None, "the MTP set's plan installs bound methods"
+
+        def op() -> None:
+            block = _block(kind, model)
+            block.plan = plan  # type: ignore[attr-defined]
+            with block:
+                pass
+
+        return op
+
+    return build
+
+
 def _engine_apply_revert(model: Any) -> Callable[[], None]:
     registry, patch_set = patchreg.registry, ours().MTP_DETACH_SET
 
@@ -191,6 +366,18 @@ DESIGNS: dict[str, tuple[Callable[[Any], Callable[[], None]], str]] = {
     "one frame per enter and exit, the block made once": (
         _one_frame_made_once,
         "as the one-frame block; made once, as in the second row",
+    ),
+    "one frame per enter and exit, calling the plan's apply itself": (
+        _planned(_Direct),
+        "as the one-frame block, and a plan made stale by `refresh()` goes unnoticed",
+    ),
+    "one frame over a leaner engine: a layer per install, no ledger": (
+        _planned(_LeanLayers),
+        "as above, and the checks at release of shared, covered or counted installs; checkpoints",
+    ),
+    "one frame over a leaner engine: a tuple per install": (
+        _planned(_Lean),
+        "as above, and the layer records: sharing, conflicts, explain, holding the model weakly",
     ),
     "the engine alone: `registry.apply` + `registry.revert`, no block": (
         _engine_apply_revert,
