@@ -351,7 +351,7 @@ def apply_planned(
                     if layers_on or attr in ns:
                         raise _General
                     value = ns[attr] = _MethodType(replacement, holder)
-                    layer = Layer()  # Layer.make(patch, stack, value, now, ABSENT), inline
+                    layer = Layer()  # Layer.make(patch, stack, value, now, seq, ABSENT), inline
                     layer.patch = patch
                     layer.stack = stack
                     layer.count = 1

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -57,9 +58,12 @@ def _module(name: str, *args: str, timeout: int) -> None:
     assert done.returncode == 0, done.stderr[-4000:]
 
 
-def test_every_design_prototype_restores_the_model() -> None:
-    """Each block design ``benchmarks.designs`` times installs our set and puts the model back exactly, cycle after
-    cycle (a prototype that left a patch installed would time less than a whole cycle)."""
+def test_every_design_prototype_installs_and_restores_the_model() -> None:
+    """Each design ``benchmarks.designs`` times installs our set's replacement of ``_postprocess`` during its cycle
+    (seen at a function return inside it) and puts the model back exactly, cycle after cycle: a prototype that
+    skipped the install, or left it installed, would time less than a whole cycle."""
+    import sys
+
     from benchmarks import _model, designs
 
     for label, (build, _what) in designs.DESIGNS.items():
@@ -67,6 +71,19 @@ def test_every_design_prototype_restores_the_model() -> None:
         layer = model.mtp.layers[0]
         before = (dict(vars(model)), dict(vars(layer)))
         cycle = build(model)
+        seen: list[bool] = []
+
+        def tracer(frame: Any, event: str, arg: Any, seen: list[bool] = seen, model: Any = model) -> Any:
+            if event == "return":
+                seen.append("_postprocess" in vars(model))
+            return tracer
+
         for _ in range(3):
-            cycle()
+            sys.settrace(tracer)
+            try:
+                cycle()
+            finally:
+                sys.settrace(None)
+            assert any(seen), f"{label}: nothing installed during the cycle"
+            seen.clear()
         assert (dict(vars(model)), dict(vars(layer))) == before, label

@@ -148,8 +148,9 @@ def test_one_block_entered_by_many_threads_at_once(patch_registry: Registry, pri
     def steps() -> None:
         try:
             for _ in range(300):
-                with block:
-                    assert sample.module_func(1) == "patched"
+                with block as report:
+                    assert sample.module_func(1) == "patched" and not report.reverted
+                assert report.reverted  # this thread's exit released this thread's enter
         except BaseException as exc:
             refused.append(exc)
 
@@ -160,9 +161,10 @@ def test_one_block_entered_by_many_threads_at_once(patch_registry: Registry, pri
         for thread in threads:
             thread.start()
         for thread in threads:
-            thread.join()
+            thread.join(timeout=120)
     finally:
         sys.setswitchinterval(interval)
+    assert not any(thread.is_alive() for thread in threads), "a thread is stuck"
     assert refused == [] and block.open_count == 0
     pristine()
 
