@@ -5,8 +5,9 @@ Issue 17 asks for at most 1.0x every like-for-like peer there. These prototypes 
 The block prototypes keep the engine's apply and release (the plan, its guard, the layers, the lock) and change
 only the block around them; the leaner-engine ones also replace the engine's clean path (a layer per install and
 no ledger; a tuple per install), to show where the engine's own cost is. They are measurement code and not
-candidates as written: each drops something the real block or engine guarantees, named in :data:`DESIGNS`. The process runs every design ``--runs`` times, in turn. It writes
-``benchmarks/DESIGNS.md``, about two and a half minutes on the project's VM. It is not part of ``make bench`` or CI.
+candidates as written: each drops something the real block or engine guarantees, named in :data:`DESIGNS`. The
+process runs every design ``--runs`` times, in turn. It writes ``benchmarks/DESIGNS.md``, about two and a half
+minutes on the project's VM. It is not part of ``make bench`` or CI.
 """
 
 from __future__ import annotations

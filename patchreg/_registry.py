@@ -3,9 +3,10 @@
 ``apply`` resolves (outside the lock: selectors and predicates are user code), then asks the store
 to take a user of each install; ``revert`` (or the end of a ``patched`` block) asks it to release
 one, and the last user's release puts back exactly what was there. Where each concept lives:
-state in :mod:`patchreg._store` (an install's record in :mod:`patchreg._layers`), raw reads and writes in :mod:`patchreg._namespace`, refusals in
-:mod:`patchreg._checks`, the hot path in :mod:`patchreg._plans` (its guards in :mod:`patchreg._guards`), lazy patches in
-:mod:`patchreg._lazy`, blocks in :mod:`patchreg._context`, introspection in :mod:`patchreg._explain`.
+state in :mod:`patchreg._store` (an install's record in :mod:`patchreg._layers`), raw reads and writes in
+:mod:`patchreg._namespace`, refusals in :mod:`patchreg._checks`, the hot path in :mod:`patchreg._plans` (its guards
+in :mod:`patchreg._guards`), lazy patches in :mod:`patchreg._lazy`, blocks in :mod:`patchreg._context`,
+introspection in :mod:`patchreg._explain`.
 """
 
 from __future__ import annotations

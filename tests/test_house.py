@@ -1,4 +1,4 @@
-"""The house rules hold in the tree (issue 17's acceptance list): module sizes, and patch sets on the public API only."""
+"""The house rules hold in the tree (issue 17's acceptance list): module sizes, patch sets on the public API only."""
 
 from __future__ import annotations
 
