@@ -30,9 +30,9 @@ from benchmarks._report import table, write
 from benchmarks._settings import Settings
 from benchmarks._sides import SITES, _apply_revert, _patchreg_cycle, ours, probe
 from benchmarks._timing import looped
+from patchreg._clean import apply_planned as _apply_planned
 from patchreg._layers import Layer
 from patchreg._namespace import ABSENT as _ABSENT
-from patchreg._plans import apply_planned as _apply_planned
 from patchreg._store import LOCK, Ledger
 from patchreg._targets import identity
 

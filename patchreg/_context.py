@@ -22,8 +22,10 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
+from patchreg._clean import release, take_clean
 from patchreg._records import Report, patches_of
 from patchreg._store import LOCK, Ledger
+from patchreg._targets import identity
 from patchreg.exceptions import PatchDefinitionError, PatchError
 
 if TYPE_CHECKING:
@@ -40,9 +42,14 @@ _acquire, _release = LOCK.acquire, LOCK.release  # bound once: a block pays for 
 class Patched(Generic[T]):
     """``with registry.patched(set, obj) as report:`` or ``@registry.patched(set)``.
 
-    A patch set's own block (``mtp_patched``) subclasses it and overrides :meth:`open` (what an enter
-    applies and what the ``with`` statement binds), :meth:`close` (after the exit reverted) and
-    :meth:`fresh` (the block each call of a decorated function enters).
+    A patch set's own block (``mtp_patched``) subclasses it and overrides :meth:`value` (what the ``with``
+    statement binds, from the apply's report), :meth:`open` (an enter's apply the general way), :meth:`close`
+    (after the exit reverted) and :meth:`fresh` (the block each call of a decorated function enters).
+
+    An enter whose apply of ``target`` on ``obj`` has a plan of clean installs (what a block entered once
+    per training step meets from its third enter) makes them itself (:func:`patchreg._clean.take_clean`);
+    any other calls :meth:`open`. An override of :meth:`open` must therefore apply ``target`` with
+    ``strict``, on ``obj`` or on what ``obj`` wraps (a plan is only found for the object an apply was made on).
     """
 
     __slots__ = ("_entered", "_one_call", "_open", "obj", "registry", "strict", "target")  # no __dict__: per step
@@ -58,13 +65,16 @@ class Patched(Generic[T]):
         self._entered = False  # once entered, an exit with nothing open is a no-op (before, a misuse)
         self._one_call = False  # made by a decorated function for one call: its one enter may exit elsewhere
 
-    def open(self) -> tuple[Report, T]:
-        """Apply for one enter: ``(the report the exit reverts, what the with statement binds)``."""
-        report = self.registry.apply(self.target, self.obj, strict=self.strict)
-        return report, cast(T, report)
+    def open(self) -> Report:
+        """Apply for one enter, the general way: the report the exit reverts."""
+        return self.registry.apply(self.target, self.obj, strict=self.strict)
+
+    def value(self, report: Report) -> T:
+        """What the ``with`` statement binds for an enter whose apply returned ``report`` (default: the report)."""
+        return cast(T, report)
 
     def close(self, value: T) -> None:
-        """Called after an exit reverted what :meth:`open` applied; ``value`` is what the enter returned."""
+        """Called after an exit reverted what its enter applied; ``value`` is what the enter returned."""
 
     def fresh(self) -> Patched[T]:
         """A new block like this one: what each call of a function decorated with this block enters."""
@@ -76,7 +86,30 @@ class Patched(Generic[T]):
         return len(self._open)
 
     def __enter__(self) -> T:
-        report, value = self.open()
+        registry, obj, target = self.registry, self.obj, self.target
+        plan = registry._plans.get((identity(target), identity(obj)))  # this block's plan: no registry.apply frame
+        report: Report | None = None
+        if (
+            plan is not None
+            and plan.bound is not None
+            and plan.target() is target
+            and plan.obj() is obj
+            and not (self.strict and plan.skipped)
+            and plan.holds(obj)
+        ):
+            installs = registry._installs
+            report = take_clean(registry, installs, plan, obj)
+            if report is not None:
+                registry._last = plan
+                if installs.checkpoints or installs.unnamed:
+                    registry._applied(report, obj)
+        if report is None:
+            report = self.open()
+        try:
+            value = self.value(report)
+        except BaseException:
+            registry.revert(report)  # never an install without an owner
+            raise
         self._entered = True
         self._open.append((_thread(), report, value))  # list.append: atomic, whichever thread enters
         return value
@@ -92,7 +125,7 @@ class Patched(Generic[T]):
         if type(report) is Ledger and report.owner is registry:  # registry.revert(report), inline: this block's own
             _acquire()
             try:
-                registry._installs.release(report)  # if this raises, the entry stays: the exit can be retried
+                release(registry._installs, report)  # if this raises, the entry stays: the exit can be retried
             finally:
                 _release()
         else:

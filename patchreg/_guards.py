@@ -1,7 +1,7 @@
 """Guards: the trace of a selector's walk on an object, and the check that a later walk would find the same.
 
 A :class:`~patchreg._plans.Plan` keeps the guards of the resolution it remembers and checks them at
-every apply (the hot path, with :func:`~patchreg._plans.apply_planned`): while they hold, resolving
+every apply (the hot path, with :mod:`patchreg._clean`): while they hold, resolving
 again would find the same holders. They hold only weak references.
 """
 

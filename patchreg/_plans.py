@@ -1,28 +1,27 @@
-"""Plans: the one hot path, and (with the guards it checks, :mod:`patchreg._guards`) the only place where
-code is inlined for speed.
+"""Plans: what an apply of a Patch or PatchSet on one object resolved, re-used while its guards hold.
 
 An apply of a Patch or PatchSet on an object is resolved fully the first time (selectors walked,
 predicates evaluated, every check made); on the second apply of the same set on the same object a
 :class:`Plan` is remembered from a trace of that resolution, and later applies re-use it while its
-guards show that resolving again would find the same holders.
+guards show that resolving again would find the same holders. A plan's clean installs are made by
+:mod:`patchreg._clean` (the hot path).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 import types
 import weakref
 from collections.abc import Callable
 from typing import Any
 
-from patchreg._checks import check_mapping, check_patchable, name_patch, report_skips, warn_not_found
+from patchreg._checks import check_mapping, check_patchable, name_patch, warn_not_found
 from patchreg._guards import Guards, guard_check, trace
 from patchreg._layers import Layer, weak_or_id
 from patchreg._namespace import ABSENT, bind_like
 from patchreg._predicates import on_refresh
 from patchreg._records import Patch, PatchSet
-from patchreg._store import _LEVELS, LOCK, REGISTRIES, SEQUENCE, Installs, InstallStack, Ledger, Owner, debugging
+from patchreg._store import LOCK, REGISTRIES, Installs, InstallStack
 from patchreg._targets import Miss, Site, identity
 from patchreg.exceptions import PatchError
 
@@ -30,7 +29,6 @@ __all__ = [
     "Plan",
     "Trace",
     "Work",
-    "apply_planned",
     "locate",
     "plan_key",
     "resolve",
@@ -45,11 +43,6 @@ Work = tuple[Patch, Any, str]
 Trace = tuple[Patch, "str | None", "tuple[list[Site], Guards] | None"]
 SEEN_MAX = 4096  # first applies remembered (to plan on the second one) before the marks are dropped
 _PLAIN, _METHOD = 1, 2
-_MethodType = types.MethodType  # a planned instance install: the replacement itself, or bound to the holder
-_Ref = weakref.ReferenceType
-_acquire, _release = LOCK.acquire, LOCK.release
-_time = time.time_ns
-_DEBUG = logging.DEBUG
 generation = [0]  # bumped by refresh(): plans made before hold stale predicate answers
 
 
@@ -281,15 +274,10 @@ def _no_object() -> None:
 
 def _not_one() -> object:
     """A plan's object reference when it was made for chunks: never the object of a one-object apply."""
-    return _Stale
+    return _NEVER
 
 
-class _Stale(Exception):
-    """A plan found stale half-way through an apply (its holder died or changed class)."""
-
-
-class _General(Exception):
-    """A planned apply met an install that is not a clean one: it takes the general path."""
+_NEVER = object()  # what a plan made for chunks returns as its object: never the object of a one-object apply
 
 
 def _bind_mode(patch: Patch, stack: InstallStack, holder: Any) -> int:
@@ -305,92 +293,6 @@ def _bind_mode(patch: Patch, stack: InstallStack, holder: Any) -> int:
     if type(value) is types.FunctionType and type(bound) is types.MethodType and bound.__self__ is holder:
         return _METHOD
     return 0
-
-
-def apply_planned(
-    owner: Owner, installs: Installs, plan: Plan, obj: Any, strict: bool, warn: bool | None
-) -> Ledger | None:
-    """Apply a plan whose every patch is planned; None when it turns out stale (nothing changed).
-
-    A plan whose every install is a method bound to its holder (:attr:`Plan.bound`) installs each inline
-    while it is a clean one (the instance attribute absent, no layer of ours on it: what a block entered
-    per step meets); at the first that is not (shared with an outer block, covered by another registry),
-    it puts back what it installed so far and takes the general path, as every other plan does.
-    """
-    if not plan.holds(obj):
-        return None
-    if plan.skipped and (strict or warn):
-        report_skips(plan.name, list(plan.skipped), strict, [p for p, _r, _e in plan.items])
-    ledger = Ledger()  # Ledger.make(owner, plan.name, plan.skipped), inline
-    ledger.owner = owner
-    ledger.set_name = plan.name
-    ledger.skips = plan.skipped
-    ledger.layers = layers = []
-    ledger.waiting = ()  # no lazy patch (the empty tuple: immortal, no reference counted)
-    ledger.released = False
-    ledger.unwound = 0
-    ledger.new_installs = 0
-    ledger.clean = False
-    bound = plan.bound
-    _acquire()  # acquire/release (bound once): a third of what a with statement costs here
-    try:
-        if installs.dead:
-            installs.purge()
-        try:
-            if bound is None:
-                if not _take_each(installs, plan, obj, ledger):
-                    return None
-            else:
-                now = _time()  # (the general way reads the clock in Installs.take_all)
-                seq = next(SEQUENCE)
-                for stack, cls, view, raw, attr, replacement, patch, layers_on in bound:
-                    holder = stack.ref()
-                    if type(holder) is not cls or view.get(attr, ABSENT) is not raw:  # died, class swapped, or the
-                        raise _Stale  # class's attribute changed (deleted, replaced): resolve again
-                    ns = holder.__dict__
-                    if layers_on or attr in ns:
-                        raise _General
-                    value = ns[attr] = _MethodType(replacement, holder)
-                    layer = Layer()  # Layer.make(patch, stack, value, now, seq, ABSENT), inline
-                    layer.patch = patch
-                    layer.stack = stack
-                    layer.count = 1
-                    layer.since = now
-                    layer.seq = seq  # one per apply: its clean installs are on distinct attributes, so never compared
-                    layer.original = ABSENT
-                    layer.installed = _Ref(value)
-                    layers_on.append(layer)
-                    layers.append(layer)
-                ledger.new_installs = len(layers)
-                ledger.clean = True
-        except _General:  # put back the clean installs made so far (exactly), then take each the general way
-            installs.release(ledger)
-            ledger.layers, ledger.released, ledger.unwound = [], False, 0
-            if not _take_each(installs, plan, obj, ledger):
-                return None
-        except _Stale:
-            installs.release(ledger)
-            return None
-        except BaseException:
-            installs.release(ledger)
-            raise
-    finally:
-        _release()
-    if ledger.clean and _LEVELS.get(_DEBUG) is not False and debugging():  # logging's cached answer, else asked
-        for layer in layers:
-            log.debug("patchreg: installed %s on %s", layer.patch.name, layer.stack.where)
-    return ledger
-
-
-def _take_each(installs: Installs, plan: Plan, obj: Any, ledger: Ledger) -> bool:
-    """A planned apply the general way (under the lock): the plan's work now (:meth:`Plan.work`), a user of each
-    install taken into ``ledger`` (a shared one counted, the rest installed; all or nothing: a failure releases
-    what it took). False when the plan is stale: nothing taken, resolve again."""
-    found = plan.work(obj)
-    if found is None:
-        return False
-    ledger.new_installs = installs.take_all(found[0], ledger)
-    return True
 
 
 def resolve_all(

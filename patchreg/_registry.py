@@ -4,8 +4,9 @@
 to take a user of each install; ``revert`` (or the end of a ``patched`` block) asks it to release
 one, and the last user's release puts back exactly what was there. Where each concept lives:
 state in :mod:`patchreg._store` (an install's record in :mod:`patchreg._layers`), raw reads and writes in
-:mod:`patchreg._namespace`, refusals in :mod:`patchreg._checks`, the hot path in :mod:`patchreg._plans` (its guards
-in :mod:`patchreg._guards`), lazy patches in :mod:`patchreg._lazy`, blocks in :mod:`patchreg._context`,
+:mod:`patchreg._namespace`, refusals in :mod:`patchreg._checks`, plans in :mod:`patchreg._plans` (their guards
+in :mod:`patchreg._guards`), the hot path (a plan's clean installs and their release) in :mod:`patchreg._clean`,
+lazy patches in :mod:`patchreg._lazy`, blocks in :mod:`patchreg._context`,
 introspection in :mod:`patchreg._explain`.
 """
 
@@ -18,6 +19,7 @@ from typing import Any
 
 from patchreg import _explain, _lazy
 from patchreg._checks import check_release, report_skips, to_release
+from patchreg._clean import apply_planned, release
 from patchreg._context import Patched, decorate
 from patchreg._explain import Explanation
 from patchreg._plans import (
@@ -25,7 +27,6 @@ from patchreg._plans import (
     Plan,
     Trace,
     Work,
-    apply_planned,
     generation,
     locate,
     plan_key,
@@ -194,7 +195,7 @@ class Registry:
                 raise PatchDefinitionError(msg, target=target.name)
             LOCK.acquire()
             try:
-                restored: int = installs.release(ledger)
+                restored: int = release(installs, ledger)
             finally:
                 LOCK.release()
             return restored

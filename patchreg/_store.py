@@ -327,38 +327,13 @@ class Installs:
     # -- releasing users ---------------------------------------------------------------------
 
     def release(self, ledger: Ledger) -> int:
-        """Drop one user per layer of ``ledger`` (last taken first); all or nothing; how many restored."""
+        """Drop one user per layer of ``ledger`` (last taken first); all or nothing; how many restored.
+
+        The general way, for every case; a clean ledger goes through :func:`patchreg._clean.release` first.
+        """
         if ledger.released:
             return 0
         taken = ledger.layers
-        if ledger.clean and not ledger.unwound and _LEVELS.get(_DEBUG) is False:  # the common case: one pass
-            ns = None
-            for layer in taken:  # that checks (each layer alone on its stack with one user, what it installed there)
-                stack = layer.stack
-                if layer.count != 1 or len(stack.layers) != 1 or stack.dependents is not None:
-                    break
-                mine = layer.installed()  # a method bound to the holder (see Ledger.clean): its __self__ is the holder
-                if mine is None:
-                    break
-                ns = mine.__self__.__dict__
-                if ns.get(stack.attr) is not mine:
-                    break
-            else:
-                n = i = len(taken)
-                while i:  # and one that restores, last taken first (an index: no iterator to allocate)
-                    i -= 1
-                    layer = taken[i]
-                    stack = layer.stack
-                    if i != n - 1:  # (the last one's namespace is the one the check read last)
-                        holder = stack.ref()
-                        ns = None if holder is None else holder.__dict__  # (collected since the check: gone with it)
-                    if ns is not None:
-                        ns.pop(stack.attr, None)
-                    stack.layers.pop()
-                    layer.count = 0
-                    ledger.unwound = n - i  # a retry after an interrupt releases only the rest
-                ledger.released = True
-                return n
         if ledger.waiting:
             cancel(self, ledger.waiting)
         todo = len(taken) - ledger.unwound

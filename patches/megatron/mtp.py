@@ -382,18 +382,26 @@ class MTPBlock(patchreg.Patched[MTPReport]):
         """The patch set for this model and ``detach_encoder``: the block's target."""
         return cast(PatchSet, self.target)
 
-    def open(self) -> tuple[patchreg.Report, MTPReport]:
+    def open(self) -> patchreg.Report:
         model = self.obj
         if self.bare:  # a bare model of a class met before: language_models' own first answer
-            target, models, has_mtp = model, (model,), model._modules.get("mtp") is not None
+            target, has_mtp = model, model._modules.get("mtp") is not None
         else:  # the models themselves: what the selectors find through any wrapper, without the walk
             models = language_models(model)
             has_mtp = _has_mtp(models)  # without MTP layers (a pipeline stage): the report's note, no warning
             target = models[0] if len(models) == 1 else models
         try:
-            report = self.registry.apply(self.target, target, strict=self.strict, warn=None if has_mtp else False)
+            return self.registry.apply(self.target, target, strict=self.strict, warn=None if has_mtp else False)
         except PatchConflictError as exc:
             raise self._conflict(exc) from exc
+
+    def value(self, report: patchreg.Report) -> MTPReport:
+        model = self.obj
+        if self.bare:
+            models, has_mtp = (model,), model._modules.get("mtp") is not None
+        else:
+            models = language_models(model)
+            has_mtp = _has_mtp(models)
         made = MTPReport()  # the block's report, made here (the class has no __init__: the cheapest allocation)
         made.report = report
         made.detach_encoder = self.detach_encoder
@@ -403,7 +411,7 @@ class MTPBlock(patchreg.Patched[MTPReport]):
         made._after = last_losses.count
         made._losses = ()
         made._cls = type(models[0])
-        return report, made
+        return made
 
     #: after an exit reverted: the report keeps the losses of the block's last step and lets go of the models
     close = staticmethod(MTPReport._close)  # type: ignore[assignment]  # one call where a method would make two

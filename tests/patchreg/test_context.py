@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+import patchreg
 from patchreg import Patch, PatchDefinitionError, Patched, PatchError, Registry, Report, decorate
 from tests.patchreg import sample
 from tests.patchreg.helpers import plain
@@ -169,14 +170,13 @@ def test_one_block_entered_by_many_threads_at_once(patch_registry: Registry, pri
     pristine()
 
 
-def test_subclass_hooks_open_close_fresh(patch_registry: Registry, pristine: Any) -> None:
-    """A subclass's open() decides what the with statement binds, close() runs after the revert, fresh() per call."""
+def test_subclass_hooks_value_close_fresh(patch_registry: Registry, pristine: Any) -> None:
+    """A subclass's value() decides what the with statement binds, close() runs after the revert, fresh() per call."""
     closed: list[Any] = []
 
     class Block(Patched[dict[str, Any]]):
-        def open(self) -> tuple[Report, dict[str, Any]]:
-            report = self.registry.apply(self.target)
-            return report, {"report": report}
+        def value(self, report: Report) -> dict[str, Any]:
+            return {"report": report}
 
         def close(self, value: dict[str, Any]) -> None:
             closed.append((value, sample.module_func(1)))
@@ -204,3 +204,58 @@ def test_decorate_refuses_a_block_instead_of_a_factory(patch_registry: Registry)
         decorate(sample.module_func, block)
     with pytest.raises(PatchDefinitionError, match="the function to run inside the block"):
         decorate(3, lambda: block)  # type: ignore[type-var]
+
+
+class _Model:
+    """An instance whose method a block replaces as an instance attribute: from the third enter, a clean install."""
+
+    def forward(self, x: int) -> tuple[str, int]:
+        return ("original", x)
+
+
+_FORWARD = Patch("forward", "forward", plain("patched"))
+
+
+@pytest.mark.parametrize("enters", [1, 4], ids=["resolved", "planned"])
+def test_a_value_hook_that_raises_leaves_nothing_installed(patch_registry: Registry, enters: int) -> None:
+    """An enter whose value() raises reverts what it applied, on the general path (the first enter) and on a
+    plan's clean path (the later ones): the error escapes, and the model is as before, with no install left."""
+    model = _Model()
+    calls = [0]
+
+    class Block(Patched[Report]):
+        def value(self, report: Report) -> Report:
+            calls[0] += 1
+            if calls[0] == enters:
+                raise RuntimeError("value() failed")
+            return report
+
+    for _ in range(enters - 1):
+        with Block(patch_registry, _FORWARD, model):
+            assert model.forward(1) == "patched"
+    with pytest.raises(RuntimeError, match="value"):
+        Block(patch_registry, _FORWARD, model).__enter__()
+    assert "forward" not in vars(model) and model.forward(1) == ("original", 1)
+    assert patch_registry.active() == ()
+
+
+def test_an_exit_that_finds_its_install_replaced_refuses_and_keeps_every_install(patch_registry: Registry) -> None:
+    """A planned block's exit that finds one of its clean installs written over refuses (naming the attribute),
+    puts nothing back (all or nothing, its other install included), and a retry after the fix restores both."""
+    model = _Model()
+    model.other = _Model()  # type: ignore[attr-defined]
+    both = patchreg.PatchSet("two", (_FORWARD, Patch("other", "other.forward", plain("other"))))
+    for _ in range(3):  # the third enter is a plan's clean one
+        with patch_registry.patched(both, model):
+            pass
+    block = patch_registry.patched(both, model)
+    with block as report:
+        assert report.installed == 2
+        mine = vars(model.other)["forward"]
+        model.other.forward = lambda x: "someone"  # type: ignore[attr-defined]
+        with pytest.raises(PatchError, match="forward"):
+            block.__exit__(None, None, None)
+        assert vars(model)["forward"](1) == "patched"  # the first install is still there
+        model.other.forward = mine  # type: ignore[attr-defined]
+    assert "forward" not in vars(model) and "forward" not in vars(model.other)
+    assert patch_registry.active() == ()
