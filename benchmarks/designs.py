@@ -230,7 +230,7 @@ class _Lean(_OneFrame):
 
 
 class _Direct(_OneFrame):
-    """As :class:`_OneFrame`, calling the remembered plan's apply (``patchreg._plans.apply_planned``) itself:
+    """As :class:`_OneFrame`, calling the remembered plan's apply (``patchreg._clean.apply_planned``) itself:
     no ``Registry.apply`` frame and no look-up of the plan by the set and the object. Drops also: a plan made
     stale by ``refresh()`` or a new object is not noticed."""
 

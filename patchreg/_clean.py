@@ -3,7 +3,8 @@
 
 A *clean* install is what a block entered once per training step meets: a plan (:class:`~patchreg._plans.Plan`)
 whose every install is a function bound to its holder as an instance attribute the instance does not have,
-on an attribute no layer of any registry is on. :func:`take_clean` makes those installs, a layer each and the
+on an attribute none of the registry's layers is on (another registry's install there is in the instance's
+``__dict__``, so it is not clean either). :func:`take_clean` makes those installs, a layer each and the
 ledger, in one pass under the lock; :func:`release` puts them back in one pass once it has found each still
 alone and holding what it installed. Anything else (a stale plan, a shared or covered install, an install
 someone changed since) takes the general path of the store (:meth:`Installs.take_all`,
@@ -34,8 +35,8 @@ _time = time.time_ns
 _DEBUG = logging.DEBUG
 
 
-def take_clean(owner: Owner, installs: Installs, plan: Plan, obj: Any) -> Ledger | None:
-    """The installs of ``plan`` (:attr:`Plan.bound` is set, its guards hold on ``obj``) made the clean way, under
+def take_clean(owner: Owner, installs: Installs, plan: Plan) -> Ledger | None:
+    """The installs of ``plan`` (:attr:`Plan.bound` is set, its guards hold) made the clean way, under
     the lock: their ledger; None when one is not a clean install or the plan turned stale: nothing changed, take
     the general path (:func:`apply_planned`'s, or a resolution)."""
     ledger = Ledger()  # Ledger.make(owner, plan.name, plan.skipped), inline
@@ -135,7 +136,7 @@ def apply_planned(
     if plan.skipped and (strict or warn):
         report_skips(plan.name, list(plan.skipped), strict, [p for p, _r, _e in plan.items])
     if plan.bound is not None:
-        ledger = take_clean(owner, installs, plan, obj)
+        ledger = take_clean(owner, installs, plan)
         if ledger is not None:
             return ledger
     with LOCK:

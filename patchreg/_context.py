@@ -87,28 +87,31 @@ class Patched(Generic[T]):
 
     def __enter__(self) -> T:
         registry, obj, target = self.registry, self.obj, self.target
-        plan = registry._plans.get((identity(target), identity(obj)))  # this block's plan: no registry.apply frame
+        plan = registry._last  # an RL loop enters the same block on the same model: checked first
+        if plan is None or plan.target() is not target or plan.obj() is not obj:
+            plan = registry._plans.get((identity(target), identity(obj)))  # this block's plan, if another came between
+            if plan is not None and (plan.target() is not target or plan.obj() is not obj):
+                plan = None
         report: Report | None = None
-        if (
-            plan is not None
-            and plan.bound is not None
-            and plan.target() is target
-            and plan.obj() is obj
-            and not (self.strict and plan.skipped)
-            and plan.holds(obj)
-        ):
+        if plan is not None and plan.bound is not None and not (self.strict and plan.skipped) and plan.holds(obj):
+            report = take_clean(registry, registry._installs, plan)
+        if report is not None:
+            registry._last = plan
             installs = registry._installs
-            report = take_clean(registry, installs, plan, obj)
-            if report is not None:
-                registry._last = plan
-                if installs.checkpoints or installs.unnamed:
-                    registry._applied(report, obj)
-        if report is None:
+            if installs.checkpoints or installs.unnamed:  # (Registry.apply does this for the general way)
+                try:
+                    registry._applied(report, obj)  # type: ignore[arg-type]
+                except BaseException:
+                    registry.revert(report)
+                    raise
+        else:
             report = self.open()
+            if not isinstance(report, Report):  # a subclass written for the hooks before value() (0.1.0)
+                _refuse_open(self, report)
         try:
             value = self.value(report)
         except BaseException:
-            registry.revert(report)  # never an install without an owner
+            report.owner.revert(report)  # never an install without an owner
             raise
         self._entered = True
         self._open.append((_thread(), report, value))  # list.append: atomic, whichever thread enters
@@ -177,6 +180,18 @@ class Patched(Generic[T]):
 
     def __repr__(self) -> str:
         return f"<patched {self._name()!r} via {self.registry.name!r}>"
+
+
+def _refuse_open(block: Patched[Any], opened: Any) -> None:
+    """An ``open()`` that returned something other than a Report: its apply reverted, and a PatchDefinitionError."""
+    if isinstance(opened, tuple) and opened and isinstance(opened[0], Report):
+        opened[0].owner.revert(opened[0])
+    msg = (
+        f"{type(block).__qualname__}.open() returned {type(opened).__name__}, not the Report of its apply; since "
+        "patchreg 0.2, open() returns the report and value(report) says what the with statement binds. Nothing "
+        "was left installed."
+    )
+    raise PatchDefinitionError(msg, target=block._name())
 
 
 def decorate(func: F, block: Callable[[], AbstractContextManager[Any]]) -> F:

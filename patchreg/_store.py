@@ -329,7 +329,8 @@ class Installs:
     def release(self, ledger: Ledger) -> int:
         """Drop one user per layer of ``ledger`` (last taken first); all or nothing; how many restored.
 
-        The general way, for every case; a clean ledger goes through :func:`patchreg._clean.release` first.
+        The general way, for every case; a block's exit and ``Registry.revert(report)`` try
+        :func:`patchreg._clean.release` first.
         """
         if ledger.released:
             return 0

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import textwrap
+import threading
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -360,7 +361,7 @@ class MTPBlock(patchreg.Patched[MTPReport]):
     :func:`mtp_patched`, not by calling the class.
     """
 
-    __slots__ = ("bare", "detach_encoder")
+    __slots__ = ("_found", "bare", "detach_encoder")
 
     detach_encoder: bool  #: the MTP loss trains only the MTP layers (see :func:`mtp_patched`)
     bare: bool  #: the model is a bare model of a known class (not wrapped, not chunks): found without a walk
@@ -390,6 +391,7 @@ class MTPBlock(patchreg.Patched[MTPReport]):
             models = language_models(model)
             has_mtp = _has_mtp(models)  # without MTP layers (a pipeline stage): the report's note, no warning
             target = models[0] if len(models) == 1 else models
+            self._found = (threading.get_ident(), models, has_mtp)  # for value(), right after: no second walk
         try:
             return self.registry.apply(self.target, target, strict=self.strict, warn=None if has_mtp else False)
         except PatchConflictError as exc:
@@ -400,8 +402,13 @@ class MTPBlock(patchreg.Patched[MTPReport]):
         if self.bare:
             models, has_mtp = (model,), model._modules.get("mtp") is not None
         else:
-            models = language_models(model)
-            has_mtp = _has_mtp(models)
+            found = getattr(self, "_found", None)  # (set by open() only: a bare block never reads it)
+            if found is not None and found[0] == threading.get_ident():  # this thread's open() just walked
+                models, has_mtp = found[1], found[2]
+            else:
+                models = language_models(model)
+                has_mtp = _has_mtp(models)
+            self._found = None
         made = MTPReport()  # the block's report, made here (the class has no __init__: the cheapest allocation)
         made.report = report
         made.detach_encoder = self.detach_encoder

@@ -259,3 +259,18 @@ def test_an_exit_that_finds_its_install_replaced_refuses_and_keeps_every_install
         model.other.forward = mine  # type: ignore[attr-defined]
     assert "forward" not in vars(model) and "forward" not in vars(model.other)
     assert patch_registry.active() == ()
+
+
+def test_an_open_written_for_the_old_hooks_is_refused_and_leaves_nothing(patch_registry: Registry) -> None:
+    """A subclass whose open() still returns (report, value), as before value() existed, gets a PatchDefinitionError
+    naming the new hooks, and its apply is reverted: no install without an owner."""
+    model = _Model()
+
+    class Old(Patched[Any]):
+        def open(self) -> Any:
+            report = self.registry.apply(self.target, self.obj)
+            return report, "bound"
+
+    with pytest.raises(PatchDefinitionError, match=r"value\(report\)"):
+        Old(patch_registry, _FORWARD, model).__enter__()
+    assert "forward" not in vars(model) and patch_registry.active() == ()
