@@ -31,6 +31,7 @@ from benchmarks._settings import Settings
 from benchmarks._sides import SITES, _apply_revert, _patchreg_cycle, ours, probe
 from benchmarks._timing import looped
 from patchreg._clean import apply_planned as _apply_planned
+from patchreg._clean import release as _release_ledger
 from patchreg._layers import Layer
 from patchreg._namespace import ABSENT as _ABSENT
 from patchreg._store import LOCK, Ledger
@@ -83,7 +84,7 @@ class _OneFrame:
         if type(report) is Ledger and report.owner is registry:
             _acquire()
             try:
-                registry._installs.release(report)
+                _release_ledger(registry._installs, report)  # the engine's release, as the real block's exit
             finally:
                 _release()
         entered.remove(entry)
@@ -115,7 +116,7 @@ class _InFields(_OneFrame):
         if self._by == _thread() and type(report) is Ledger and report.owner is registry:
             _acquire()
             try:
-                registry._installs.release(report)
+                _release_ledger(registry._installs, report)  # the engine's release, as the real block's exit
             finally:
                 _release()
         made = self._value

@@ -87,3 +87,30 @@ def test_every_design_prototype_installs_and_restores_the_model() -> None:
             assert any(seen), f"{label}: nothing installed during the cycle"
             seen.clear()
         assert (dict(vars(model)), dict(vars(layer))) == before, label
+
+
+def test_design_prototypes_on_the_engine_release_the_clean_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every design that keeps the engine's release (all but the leaner engines, which replace it) releases a
+    warmed-up cycle's clean installs the one-pass way, as the real block's exit does: none goes the general way
+    (``Installs.release``), so the rows compare blocks, not two releases."""
+    from benchmarks import _model, designs
+    from patchreg._store import Installs
+
+    general: list[str] = []
+    original = Installs.release
+
+    def counted(self: Installs, ledger: Any) -> int:
+        general.append(ledger.set_name)
+        return original(self, ledger)
+
+    monkeypatch.setattr(Installs, "release", counted)
+    on_the_engine = [label for label in designs.DESIGNS if "leaner engine" not in label]
+    assert len(on_the_engine) == len(designs.DESIGNS) - 2
+    for label in on_the_engine:
+        cycle = designs.DESIGNS[label][0](_model.build())
+        for _ in range(3):  # the second apply makes the plan, the third takes it
+            cycle()
+        general.clear()
+        for _ in range(5):
+            cycle()
+        assert general == [], f"{label}: {len(general)} releases the general way"
