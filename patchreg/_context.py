@@ -99,11 +99,7 @@ class Patched(Generic[T]):
             registry._last = plan
             installs = registry._installs
             if installs.checkpoints or installs.unnamed:  # (Registry.apply does this for the general way)
-                try:
-                    registry._applied(report, obj)  # type: ignore[arg-type]
-                except BaseException:
-                    registry.revert(report)
-                    raise
+                registry._applied(report, obj)  # type: ignore[arg-type]  # (which reverts the apply if it raises)
         else:
             report = self.open()
             if not isinstance(report, Report):  # a subclass written for the hooks before value() (0.1.0)

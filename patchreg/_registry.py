@@ -134,12 +134,18 @@ class Registry:
         return ledger
 
     def _applied(self, ledger: Ledger, obj: Any) -> None:
-        """After an apply: note it in the live checkpoints, and name the instance stacks it made by path."""
+        """After an apply: note it in the live checkpoints, and name the instance stacks it made by path (a walk of
+        ``obj``: user code). If that raises (an interrupt), the apply is reverted: its report never reaches the
+        caller, so nothing of it may stay installed without an owner."""
         installs = self._installs
-        if installs.checkpoints:
-            installs.record(ledger)
-        if installs.unnamed:
-            _explain.name_stacks(installs, obj)
+        try:
+            if installs.checkpoints:
+                installs.record(ledger)
+            if installs.unnamed:
+                _explain.name_stacks(installs, obj)
+        except BaseException:
+            self.revert(ledger)
+            raise
 
     def _again(self, key: tuple[int, ...] | None, target: object, obj: Any) -> bool:
         """Whether this apply should make a plan: only on a second apply of ``target`` on ``obj``.

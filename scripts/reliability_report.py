@@ -42,8 +42,8 @@ FAULT_CLASSES = (
     FaultClass(
         "Exceptions from user code",
         "with body (incl. KeyboardInterrupt, SystemExit), replacement, wrapper, predicate, selector on apply "
-        "and revert, outer/inner __exit__, ExitStack callbacks, interrupt between two installs and while "
-        "restoring: namespaces identical, registry consistent, retry restores",
+        "and revert, outer/inner __exit__, ExitStack callbacks, interrupt between two installs, while naming "
+        "the installs and while restoring: namespaces identical, registry consistent, retry restores",
         "test_faults",
     ),
     FaultClass(

@@ -95,6 +95,48 @@ def test_exception_inside_selector_on_apply(patch_registry: Registry, pristine: 
     _assert_clean(patch_registry, pristine, obj.head)
 
 
+class _InterruptedWhileNamed:
+    """An object whose ``head`` is read by the apply's walk and then, once the install is made, by the walk that
+    names it (``explain``'s path): the read number ``interrupt_at`` raises KeyboardInterrupt (0: never)."""
+
+    def __init__(self, interrupt_at: int) -> None:
+        self._head = targets.Leaf("head")
+        self.reads = 0
+        self.interrupt_at = interrupt_at
+
+    @property
+    def head(self) -> targets.Leaf:
+        self.reads += 1
+        if self.reads == self.interrupt_at:
+            raise KeyboardInterrupt("interrupted while naming the install")
+        return self._head
+
+
+@pytest.mark.parametrize("how", ["apply", "block"])
+def test_interrupt_while_naming_the_installs_reverts_the_apply(
+    patch_registry: Registry, pristine: Check, how: str
+) -> None:
+    """An interrupt in the walk that names an apply's new instance installs (after they are made, before the
+    report reaches its caller) reverts the apply: no install is left without an owner, and the next apply works."""
+    patches = _global_set() + Patch("head", "head.forward", plain(1))
+    probe = _InterruptedWhileNamed(0)
+    patch_registry.revert(patch_registry.apply(patches, probe))
+    reads = probe.reads  # the apply's walk, then the naming walk: the last read is the naming
+    assert reads >= 2
+    obj = _InterruptedWhileNamed(reads)
+    with pytest.raises(KeyboardInterrupt, match="naming"):
+        if how == "apply":
+            patch_registry.apply(patches, obj)
+        else:
+            with patch_registry.patched(patches, obj):
+                pass
+    assert obj.reads == reads
+    _assert_clean(patch_registry, pristine, obj._head)
+    with patch_registry.patched(patches, obj):
+        assert obj._head.forward(0) == 1
+    _assert_clean(patch_registry, pristine, obj._head)
+
+
 def test_exception_inside_selector_on_revert(patch_registry: Registry, pristine: Check) -> None:
     """A selector that raises during revert(set, obj) changes nothing, and a later revert succeeds."""
 
