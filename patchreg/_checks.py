@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import types
 from collections.abc import Iterable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from patchreg._namespace import ABSENT, label, stored_value
+from patchreg._namespace import ABSENT, environ_problem, label, stored_value
 from patchreg._targets import class_attr
 from patchreg.exceptions import (
     PatchConflictError,
+    PatchDefinitionError,
     PatchError,
     PatchOwnershipError,
     TargetNotFoundError,
@@ -70,6 +72,11 @@ def check_mapping(patch: Patch, mapping: Any) -> None:
             "point the target at one."
         )
         raise UnpatchableTargetError(msg, patch=patch, target=patch.target)
+    if mapping is os.environ:
+        problem = environ_problem(patch.key, patch.replacement)
+        if problem is not None:
+            msg = f"Patch {patch.name!r} on {str(patch.where)!r}: {problem}; give os.environ a valid name and a str value."
+            raise PatchDefinitionError(msg, patch=patch, target=patch.target)
 
 
 def _check_instance_class(patch: Patch, cls: type, attr: str) -> None:
@@ -244,10 +251,11 @@ def report_skips(name: str, skipped: list[tuple[str, str]], strict: bool, patche
     skipped = [(n, r) for n, r in skipped if n not in by_name or needed(by_name[n])]
     if not skipped:
         return
-    for patch_name, reason in skipped:
-        log.warning("patchreg: %s.%s skipped: %s", name, patch_name, reason)
-    if strict:
-        lines = "; ".join(f"{n}: {r}" for n, r in skipped)
-        msg = f"Patch set {name!r} applied with strict=True, but {len(skipped)} patch(es) would be skipped: {lines}."
-        first = by_name.get(skipped[0][0])  # the error is about the first of them (the message names all)
-        raise TargetNotFoundError(msg, patch=first, target=None if first is None else first.target)
+    if not strict:  # strict raises instead: one of the two is enough
+        for patch_name, reason in skipped:
+            log.warning("patchreg: %s.%s skipped: %s", name, patch_name, reason)
+        return
+    lines = "; ".join(f"{n}: {r}" for n, r in skipped)
+    msg = f"Patch set {name!r} applied with strict=True, but {len(skipped)} patch(es) would be skipped: {lines}."
+    first = by_name.get(skipped[0][0])  # the error is about the first of them (the message names all)
+    raise TargetNotFoundError(msg, patch=first, target=None if first is None else first.target)

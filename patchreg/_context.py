@@ -4,7 +4,8 @@ A :class:`Patched` block can be entered again while it is active (nested, or fro
 each thread exits its own enters, innermost first. Misuse never raises a bare Python error and never
 leaves an install without an owner:
 
-- a second exit of a block with nothing open (mock's ``_patch`` allows it too) is a no-op;
+- a second exit of a block with nothing open is a no-op (a choice: mock's ``patch`` raises ``AttributeError`` there on
+  Python 3.11-3.13, its ``patch.dict`` does nothing);
 - an exit of a block never entered is a :class:`PatchError`;
 - an exit on a thread that has nothing open on the block while another thread does is a
   :class:`PatchError`, and the install stays with the thread that entered (its exit, or
@@ -119,7 +120,7 @@ class Patched(Generic[T]):
         if entry is None or entry[0] != _thread():  # not the common case: this thread's last enter is the last one
             entry = self._innermost(entered)
             if entry is None:
-                return  # a second exit: nothing is open, nothing to do (as mock's)
+                return  # a second exit: nothing is open, nothing to do (documented; mock.patch would raise)
         report, registry = entry[1], self.registry
         if type(report) is Ledger and report.owner is registry:  # registry.revert(report), inline: this block's own
             _acquire()

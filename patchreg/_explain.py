@@ -63,7 +63,7 @@ def _explain_one(installs: Installs, patch: Patch, obj: Any) -> list[tuple[str, 
         return [(patch.name, "-", "error", str(exc))]
     if isinstance(found, Miss):
         return [(patch.name, "-", "skip", found.reason)]
-    paths = _paths(patch.where, obj)
+    paths = _paths(patch.where, obj, patch.kind == "item")
     return [(patch.name, _where(patch, hit, paths), *_would_do(installs, patch, hit)) for hit in found]
 
 
@@ -75,12 +75,26 @@ def _where(patch: Patch, hit: Site, paths: dict[int, str]) -> str:
     return f"{name}.{hit.attr}"
 
 
-def _paths(where: object, obj: Any) -> dict[int, str]:
-    """The paths a selector's holders have from ``obj`` (by identity); none for an import path or a failed walk."""
+def _paths(where: object, obj: Any, items: bool = False) -> dict[int, str]:
+    """The paths a selector's holders have from ``obj`` (by identity); none for an import path or a failed walk.
+
+    ``items``: the paths of the mappings the selector names instead (``model.extra``), for an item patch.
+    """
     if not isinstance(where, Selector) or obj is None:
         return {}
     try:
-        return where.paths(obj)
+        paths = where.paths(obj)
+        if not items:
+            return paths
+        found = where.resolve(obj)
+        if isinstance(found, Miss):
+            return {}
+        named: dict[int, str] = {}
+        for holder, attr in found:
+            path = paths.get(identity(holder))
+            if path is not None:
+                named.setdefault(identity(getattr(holder, attr)), f"{path}.{attr}")
+        return named
     except Exception:  # user objects on the way (a property) may raise anything: the label falls back to the type
         return {}
 
@@ -88,19 +102,21 @@ def _paths(where: object, obj: Any) -> dict[int, str]:
 def name_stacks(installs: Installs, obj: Any) -> None:
     """Name the instance stacks created since the last call by their holder's path from ``obj`` (outside the lock).
 
-    A stack keeps the name of the apply that created it: ``model.mtp.layers[0]``, ``chunks[1].module``.
+    A stack keeps the name of the apply that created it: ``model.mtp.layers[0]``, ``chunks[1].module``; the stack of
+    an item on an object's mapping, the mapping's (``model.extra``).
     """
     with LOCK:
         stacks, installs.unnamed = installs.unnamed, []
-    found: dict[int, dict[int, str]] = {}
+    found: dict[tuple[int, bool], dict[int, str]] = {}
     for stack in stacks:
         holder = stack.ref()
         if holder is None or not stack.layers:
             continue
-        where = stack.layers[0].patch.where
-        paths = found.get(id(where))
+        patch = stack.layers[0].patch
+        key = (id(patch.where), patch.kind == "item")
+        paths = found.get(key)
         if paths is None:
-            paths = found[id(where)] = _paths(where, obj)
+            paths = found[key] = _paths(patch.where, obj, key[1])
         stack.path = paths.get(identity(holder))
 
 

@@ -38,8 +38,11 @@ class Pending:
 
     def entry(self) -> Installed:
         patch = self.patch
-        *owner, attr = patch.where.parts  # type: ignore[union-attr]
-        holder = ".".join((self.module, *owner))  # as an install's holder reads: module, then qualname
+        if patch.kind == "item":  # as an item's install reads: the mapping's import path, then the key
+            holder, attr = str(patch.where), patch.key if isinstance(patch.key, str) else repr(patch.key)
+        else:
+            *owner, attr = patch.where.parts  # type: ignore[union-attr]
+            holder = ".".join((self.module, *owner))  # as an install's holder reads: module, then qualname
         return Installed(patch.name, str(patch.where), holder, attr, patch.kind, 0, self.since, "pending", holder)
 
 

@@ -13,7 +13,7 @@ import attrs
 
 from patchreg._drift import Drift, Verified, drift
 from patchreg._format import WIDTH, wrap
-from patchreg._namespace import ABSENT
+from patchreg._namespace import ABSENT, environ_problem
 from patchreg._predicates import Predicate, always
 from patchreg._targets import ImportPath, Selector, identity, parse_target
 from patchreg.exceptions import PatchDefinitionError
@@ -147,6 +147,17 @@ def _validate(patch: Patch) -> None:
         msg = f"Patch {patch.name!r}: unknown kind {patch.kind!r}; use 'replace', 'wrap', 'value' or 'item'."
         raise PatchDefinitionError(msg, patch=patch, target=patch.target)
     _validate_kind_fields(patch)
+    if patch.replacement is ABSENT:
+        msg = (
+            f"Patch {patch.name!r}: ABSENT is patchreg's own marker for an attribute or key that is not there, not "
+            "a replacement or value; give the object to install."
+        )
+        raise PatchDefinitionError(msg, patch=patch, target=patch.target)
+    if patch.kind == "item" and patch.target == "os:environ":
+        problem = environ_problem(patch.key, patch.replacement)
+        if problem is not None:
+            msg = f"Patch {patch.name!r}: {problem}; give os.environ a valid name and a str value."
+            raise PatchDefinitionError(msg, patch=patch, target=patch.target)
     if not isinstance(patch.when, Predicate):
         msg = (
             f"Patch {patch.name!r}: when={patch.when!r} is not a predicate; "

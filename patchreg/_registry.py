@@ -79,6 +79,8 @@ class Registry:
         The resolution of a Patch or PatchSet on an object is remembered (a plan) and re-used
         while cheap guards show that resolving again would find the same holders.
         """
+        if strict and warn is None:  # strict raises on a skip that matters: no warning about it as well
+            warn = False
         installs = self._installs
         plan = self._last  # an RL loop enters the same block on the same model: checked first, inline
         if plan is None or plan.target() is not target or plan.obj() is not obj:

@@ -86,6 +86,11 @@ class _Strong:
         return self.obj
 
 
+def _gone() -> None:
+    """The reference of a stack whose mapping it let go (:meth:`Installs.let_go`)."""
+    return None
+
+
 class InstallStack:
     """One attribute on one holder (held weakly), or one key of a mapping, and one registry's layers on it.
 
@@ -254,13 +259,13 @@ class Installs:
                 self.drop(key)
             # the death callback only records: it may run inside a locked section (gc); purge drops the stack
             if patch.kind == "item":
-                title = str(patch.where) if patch.is_global else None
+                title = str(patch.where) if patch.is_global else None  # else named by path, as an instance
                 stack = InstallStack(holder, attr, "item", self.dead.append, key, title)
             else:
                 stack = InstallStack(holder, attr, holder_kind(holder), self.dead.append)
             self.stacks[key] = stack
-            if stack.kind == "instance":
-                self.unnamed.append(stack)
+            if stack.kind == "instance" or (stack.kind == "item" and stack.title is None):
+                self.unnamed.append(stack)  # named by its path from the object after the apply
         elif stack.layers:
             for layer in stack.layers:
                 if layer.patch is patch:
@@ -291,15 +296,21 @@ class Installs:
             msg = f"Cannot set {stack.where} for patch {patch.name!r}: {exc}. Patch the code that uses it instead."
             raise UnpatchableTargetError(msg, patch=patch, target=patch.target) from exc
         stored = stack.current()
-        if not same(kind, stored, value):  # a __setattr__ (a metaclass's, a module's) stored something else
+        if not same(kind, stored, value):  # a __setattr__ (a metaclass's, a module's) or __setitem__ stored another
             put_back(kind, holder, attr, original, raw=True)
-            if same(kind, stack.current(), original):
-                stack.layers.pop()
-                ledger.layers.pop()
+            stack.layers.pop()  # never kept: nothing of this install may stay registered
+            ledger.layers.pop()
+            how = "a custom __setitem__" if kind == "item" else "a custom __setattr__"
+            back = stack.current()
+            after = (
+                "Nothing was changed"
+                if same(kind, back, original)
+                else f"It now holds {back!r}, which putting back the original {original!r} stored; check it"
+            )
             msg = (
                 f"Cannot patch {stack.where} (patch {patch.name!r}): setting it stored {stored!r} instead "
-                "of the replacement (a custom __setattr__), so patchreg could not tell its install from someone "
-                "else's or restore exactly. Nothing was changed; patch the code that uses it instead."
+                f"of the replacement ({how}), so patchreg could not tell its install from someone "
+                f"else's or restore exactly. {after}; patch the code that uses it instead."
             )
             raise UnpatchableTargetError(msg, patch=patch, target=patch.target)
         if below is not None:  # the other registry's layer is covered: its revert must wait for ours
@@ -366,6 +377,8 @@ class Installs:
                         stack.layers.pop()
                     else:
                         uninstall(layer, debug)
+                        if not stack.layers and type(stack.ref) is _Strong:
+                            self.let_go(stack)
                     restored += 1
                 layer.count = 0
             elif layer.count > 0:
@@ -383,7 +396,16 @@ class Installs:
         for layer in layers:
             uninstall(layer)
             layer.count = 0
+            if not layer.stack.layers and type(layer.stack.ref) is _Strong:
+                self.let_go(layer.stack)
         return len(layers)
+
+    def let_go(self, stack: InstallStack) -> None:
+        """Forget a stack that holds its mapping strongly once its last layer is gone: neither the stack nor a
+        report that still reads its layers keeps the mapping (and what it refers to) alive. Its name stays."""
+        stack.title = stack.label
+        stack.ref = _gone
+        self.dead.append(None)  # purged with the dead holders' stacks
 
     def record(self, ledger: Ledger) -> None:
         """Note ``ledger`` in every live checkpoint (an apply made while one exists)."""
