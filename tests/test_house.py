@@ -12,6 +12,7 @@ import patchreg
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE = sorted((ROOT / "patchreg").rglob("*.py"))
 PATCH_SETS = sorted((ROOT / "patches").rglob("*.py"))
+BENCHMARKS = sorted((ROOT / "benchmarks").rglob("*.py"))
 MODULE_MAX = 600  # a module over this is asking to be split along a concept
 FACADE_MAX = 450  # the registry is a facade over the store, the plans and the checks
 
@@ -66,9 +67,9 @@ def _private_uses(tree: ast.AST) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("path", PATCH_SETS, ids=lambda p: str(p.relative_to(ROOT)))
-def test_patch_sets_use_only_public_names(path: Path) -> None:
-    """A module of patches/ imports and reads only names in ``patchreg.__all__``."""
+@pytest.mark.parametrize("path", PATCH_SETS + BENCHMARKS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_patch_sets_and_benchmarks_use_only_public_names(path: Path) -> None:
+    """A module of patches/ or benchmarks/ imports and reads only names in ``patchreg.__all__``."""
     assert _private_uses(ast.parse(path.read_text())) == []
 
 
