@@ -108,12 +108,7 @@ def guard_check(guards: Guards, obj: Any = None) -> Callable[[Any], bool]:
                     elements = list(container.values()) if how else list(iter(container))
             except Exception:  # a container's own code: any failure means resolve again
                 return False
-            if len(elements) != len(snapshot):
-                return False
-            if len(elements) == 1:
-                if elements[0] is not snapshot[0]():
-                    return False
-            elif not all(map(is_, elements, [r() for r in snapshot])):
+            if len(elements) != len(snapshot) or not all(map(is_, elements, [r() for r in snapshot])):
                 return False
         return True
 
@@ -127,7 +122,8 @@ def _always(_obj: Any) -> bool:
 def _module_chain(
     reads: tuple[tuple[Any, ...], ...], walks: tuple[tuple[Any, ...], ...], on_obj: bool
 ) -> Callable[[Any], bool] | None:
-    """:func:`guard_check`'s check, straight-line, for its common shape; None for any other.
+    """:func:`guard_check`'s check for its common shape, whatever the length of the chain or of the walk; None for
+    any other shape.
 
     The shape: a chain of reads each served from a dict in the holder's ``__dict__`` (``nn.Module._modules``),
     then one walk of the last value's ``_modules`` (``model.mtp.layers[*]``). What a resolution finds along
@@ -146,39 +142,18 @@ def _module_chain(
     first, top = reads[0][0], reads[0][1]
     classes = [cls for _h, cls, _n, _m, _v in reads[1:]] + [walked]
     steps = tuple((name, mapping, cls) for (_h, _c, name, mapping, _v), cls in zip(reads, classes, strict=True))
-    n, is_ = len(snapshot), operator.is_
+    n = len(snapshot)
     last = reads[-1][4]()
-    keys = list(vars(last).get("_modules", ())) if last is not None else []
-    if len(steps) == 2 and len(keys) == n == 1:
-        (name1, map1, cls1), (name2, map2, cls2) = steps
-        (one,), (key,) = snapshot, keys
+    modules = vars(last).get("_modules") if last is not None else None
+    if type(modules) is not dict or len(modules) != n:
+        return None
+    #: each element under the key it had: a dict lookup per element, no walk of ``.values()`` and no list built
+    #: (a dict whose keys were re-inserted in another order holds the same elements under the same keys)
+    keyed = tuple(zip(modules, snapshot, strict=True))
+    if not all(modules[key] is ref() for key, ref in keyed):
+        return None
 
-        def check_two(obj: Any) -> bool:  # model.mtp.layers[*] with one MTP layer, unrolled
-            try:
-                value = obj if on_obj else first()
-                if type(value) is not top:
-                    return False
-                ns = value.__dict__
-                if name1 in ns:
-                    return False
-                value = ns[map1][name1]
-                if type(value) is not cls1:
-                    return False
-                ns = value.__dict__
-                if name2 in ns:
-                    return False
-                value = ns[map2][name2]
-                if type(value) is not cls2:
-                    return False
-                modules = value.__dict__["_modules"]
-                element = modules.get(key)  # the one layer, under the key it had (not a walk of .values())
-                return element is one() and element is not None and len(modules) == 1
-            except Exception:  # a key gone, a dict replaced (a container's own code): resolve again
-                return False
-
-        return check_two
-
-    def check(obj: Any) -> bool:
+    def chain(obj: Any) -> bool:
         try:
             value = obj if on_obj else first()
             if type(value) is not top:
@@ -190,12 +165,18 @@ def _module_chain(
                 value = ns[mapping][name]
                 if type(value) is not cls:
                     return False
-            modules = value.__dict__["_modules"]
-            return len(modules) == n and all(map(is_, modules.values(), [r() for r in snapshot]))
+            found = value.__dict__["_modules"]
+            if len(found) != n:
+                return False
+            for key, ref in keyed:
+                element = found.get(key)
+                if element is None or element is not ref():
+                    return False
+            return True
         except Exception:  # a key gone, a dict replaced (a container's own code): resolve again
             return False
 
-    return check
+    return chain
 
 
 def _weak(obj: Any) -> Any:
