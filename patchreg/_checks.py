@@ -21,9 +21,8 @@ from patchreg.exceptions import (
 )
 
 if TYPE_CHECKING:
-    from patchreg._layers import Layer
     from patchreg._records import Patch
-    from patchreg._store import InstallStack, Ledger
+    from patchreg._stacks import Layer, Report, Stack
 
 __all__ = [
     "check_compatible",
@@ -110,7 +109,7 @@ def _callable_raw(raw: Any) -> bool:
     return callable(raw) or isinstance(raw, (staticmethod, classmethod))
 
 
-def check_compatible(patch: Patch, stack: InstallStack, other: Patch | None = None, where: str = "") -> None:
+def check_compatible(patch: Patch, stack: Stack, other: Patch | None = None, where: str = "") -> None:
     """Two replaces on one attribute conflict; a replace over wraps would discard them.
 
     ``other`` is the patch on top (default: this registry's top layer on ``stack``); ``where`` names its registry.
@@ -143,7 +142,7 @@ def name_patch(exc: PatchError, patch: Patch) -> None:
         exc.target = patch.target
 
 
-def to_release(ledger: Ledger) -> list[Layer]:
+def to_release(ledger: Report) -> list[Layer]:
     """The live layers ``ledger`` still holds a user of, in release order (last taken first)."""
     taken = ledger.layers
     return [la for la in reversed(taken[: len(taken) - ledger.unwound]) if la.count > 0 and la.stack.ref() is not None]
@@ -152,7 +151,7 @@ def to_release(ledger: Ledger) -> list[Layer]:
 def check_release(layers: list[Layer]) -> None:
     """Verify every uninstall in ``layers`` can happen, in order, before any of them does."""
     counts: dict[Layer, int] = {}
-    tops: dict[InstallStack, list[Layer]] = {}
+    tops: dict[Stack, list[Layer]] = {}
     for layer in layers:
         have = counts.get(layer, layer.count)
         if have <= 0:  # its users were released already (e.g. by revert(patch)): _release skips it too

@@ -7,8 +7,8 @@ on an attribute none of the registry's layers is on (another registry's install 
 ``__dict__``, so it is not clean either). :func:`take_clean` makes those installs, a layer each and the
 ledger, in one pass under the lock; :func:`release` puts them back in one pass once it has found each still
 alone and holding what it installed. Anything else (a stale plan, a shared or covered install, an install
-someone changed since) takes the general path of the store (:meth:`Installs.take_all`,
-:meth:`Installs.release`), which handles every case: these functions only decide that it is not needed.
+someone changed since) takes the general path of the store (:meth:`Store.take_all`,
+:meth:`Store.release`), which handles every case: these functions only decide that it is not needed.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import weakref
 from typing import Any
 
 from patchreg._checks import report_skips
-from patchreg._layers import Layer
 from patchreg._namespace import ABSENT
 from patchreg._plans import Plan
-from patchreg._store import _LEVELS, LOCK, SEQUENCE, Installs, Ledger, Owner, debugging
+from patchreg._stacks import Layer, Report
+from patchreg._store import _LEVELS, LOCK, SEQUENCE, Owner, Store, debugging
 
 __all__ = ["apply_planned", "release", "take_clean"]
 
@@ -35,11 +35,11 @@ _time = time.time_ns
 _DEBUG = logging.DEBUG
 
 
-def take_clean(owner: Owner, installs: Installs, plan: Plan) -> Ledger | None:
+def take_clean(owner: Owner, installs: Store, plan: Plan) -> Report | None:
     """The installs of ``plan`` (:attr:`Plan.bound` is set, its guards hold) made the clean way, under
     the lock: their ledger; None when one is not a clean install or the plan turned stale: nothing changed, take
     the general path (:func:`apply_planned`'s, or a resolution)."""
-    ledger = Ledger()  # Ledger.make(owner, plan.name, plan.skipped), inline
+    ledger = Report()  # Report.make(owner, plan.name, plan.skipped), inline
     ledger.owner = owner
     ledger.set_name = plan.name
     ledger.skips = plan.skipped
@@ -53,7 +53,7 @@ def take_clean(owner: Owner, installs: Installs, plan: Plan) -> Ledger | None:
     try:
         if installs.dead:
             installs.purge()
-        now = _time()  # (the general way reads the clock in Installs.take_all)
+        now = _time()  # (the general way reads the clock in Store.take_all)
         seq = next(SEQUENCE)
         for stack, cls, view, raw, attr, replacement, patch, layers_on in plan.bound:  # type: ignore[union-attr]
             holder = stack.ref()
@@ -90,15 +90,15 @@ def take_clean(owner: Owner, installs: Installs, plan: Plan) -> Ledger | None:
     return ledger
 
 
-def release(installs: Installs, ledger: Ledger) -> int:
-    """Drop one user per layer of ``ledger`` (under the lock): :meth:`Installs.release`, in one pass for a clean
+def release(installs: Store, ledger: Report) -> int:
+    """Drop one user per layer of ``ledger`` (under the lock): :meth:`Store.release`, in one pass for a clean
     ledger whose every layer is still alone on its attribute with one user and holds what it installed there."""
     if not ledger.clean or ledger.unwound or ledger.released or _LEVELS.get(_DEBUG) is not False:
         return installs.release(ledger)
     taken = ledger.layers
     for layer in taken:  # all checked before any is put back (all or nothing)
         stack = layer.stack
-        mine = layer.installed()  # a method bound to the holder (see Ledger.clean): its __self__ is the holder
+        mine = layer.installed()  # a method bound to the holder (see Report.clean): its __self__ is the holder
         if (
             mine is None
             or layer.count != 1
@@ -123,8 +123,8 @@ def release(installs: Installs, ledger: Ledger) -> int:
 
 
 def apply_planned(
-    owner: Owner, installs: Installs, plan: Plan, obj: Any, strict: bool, warn: bool | None
-) -> Ledger | None:
+    owner: Owner, installs: Store, plan: Plan, obj: Any, strict: bool, warn: bool | None
+) -> Report | None:
     """Apply a plan whose every patch is planned; None when it turns out stale (nothing changed).
 
     A plan whose every install is a method bound to its holder (:attr:`Plan.bound`) installs the clean way
@@ -145,6 +145,6 @@ def apply_planned(
         found = plan.work(obj)  # under the lock, as the takes: what it checked still holds when they run
         if found is None:
             return None
-        ledger = Ledger.make(owner, plan.name, plan.skipped)
+        ledger = Report.make(owner, plan.name, plan.skipped)
         ledger.new_installs = installs.take_all(found[0], ledger)
     return ledger

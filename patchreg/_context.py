@@ -21,20 +21,36 @@ import inspect
 import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 from patchreg._clean import release, take_clean
-from patchreg._records import Report, patches_of
-from patchreg._store import LOCK, Ledger
+from patchreg._plans import Plan
+from patchreg._records import Target, patches_of
+from patchreg._stacks import Report
+from patchreg._store import LOCK, Store
 from patchreg._targets import identity
 from patchreg.exceptions import PatchDefinitionError, PatchError
-
-if TYPE_CHECKING:
-    from patchreg._registry import Registry, Target
 
 __all__ = ["Patched", "decorate"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Registry(Protocol):
+    """What a block needs of its registry (a :class:`patchreg.Registry`; this module sits below it)."""
+
+    name: str
+    _installs: Store
+    _plans: dict[tuple[int, ...], Plan]
+    _last: Plan | None
+
+    def apply(self, target: Target, obj: Any = None, *, strict: bool = False) -> Report: ...
+
+    def revert(self, target: Target | Report, obj: Any = None) -> int: ...
+
+    def _applied(self, ledger: Report, obj: Any) -> None: ...
+
+
 T = TypeVar("T")
 _thread = threading.get_ident
 _acquire, _release = LOCK.acquire, LOCK.release  # bound once: a block pays for no method lookup
@@ -100,7 +116,7 @@ class Patched(Generic[T]):
             registry._last = plan
             installs = registry._installs
             if installs.checkpoints or installs.unnamed:  # (Registry.apply does this for the general way)
-                registry._applied(report, obj)  # type: ignore[arg-type]  # (which reverts the apply if it raises)
+                registry._applied(report, obj)  # (which reverts the apply if it raises)
         else:
             report = self.open()
             if not isinstance(report, Report):  # a subclass written for the hooks before value() (0.1.0)
@@ -122,7 +138,7 @@ class Patched(Generic[T]):
             if entry is None:
                 return  # a second exit: nothing is open, nothing to do (documented; mock.patch would raise)
         report, registry = entry[1], self.registry
-        if type(report) is Ledger and report.owner is registry:  # registry.revert(report), inline: this block's own
+        if type(report) is Report and report.owner is registry:  # registry.revert(report), inline: this block's own
             _acquire()
             try:
                 release(registry._installs, report)  # if this raises, the entry stays: the exit can be retried

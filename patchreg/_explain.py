@@ -18,8 +18,9 @@ from patchreg._lazy import awaited
 from patchreg._namespace import label, own_value
 from patchreg._plans import locate
 from patchreg._predicates import distributions, provider
-from patchreg._records import Installed, Patch, entry
-from patchreg._store import LOCK, Installs, Owner, stack_key
+from patchreg._records import Installed, Patch
+from patchreg._stacks import entry
+from patchreg._store import LOCK, Owner, Store, stack_key
 from patchreg._targets import Miss, Selector, Site, identity
 from patchreg.exceptions import PatchConflictError, UnpatchableTargetError
 
@@ -38,7 +39,7 @@ class Explanation:
         return f"explain {self.name!r}:\n" + table(("patch", "holder", "would", "why"), self.rows, width=WIDTH)
 
 
-def explain(installs: Installs, name: str, patches: tuple[Patch, ...], obj: Any) -> Explanation:
+def explain(installs: Store, name: str, patches: tuple[Patch, ...], obj: Any) -> Explanation:
     """What applying ``patches`` on ``obj`` through ``installs``' registry would do now, without doing it."""
     rows = []
     for patch in patches:
@@ -46,7 +47,7 @@ def explain(installs: Installs, name: str, patches: tuple[Patch, ...], obj: Any)
     return Explanation(name, tuple(rows))
 
 
-def _explain_one(installs: Installs, patch: Patch, obj: Any) -> list[tuple[str, str, str, str]]:
+def _explain_one(installs: Store, patch: Patch, obj: Any) -> list[tuple[str, str, str, str]]:
     answer = patch.when.evaluate()
     if not answer.ok:
         return [(patch.name, "-", "skip", answer.reason)]
@@ -99,7 +100,7 @@ def _paths(where: object, obj: Any, items: bool = False) -> dict[int, str]:
         return {}
 
 
-def name_stacks(installs: Installs, obj: Any) -> None:
+def name_stacks(installs: Store, obj: Any) -> None:
     """Name the instance stacks created since the last call by their holder's path from ``obj`` (outside the lock).
 
     A stack keeps the name of the apply that created it: ``model.mtp.layers[0]``, ``chunks[1].module``; the stack of
@@ -120,7 +121,7 @@ def name_stacks(installs: Installs, obj: Any) -> None:
         stack.path = paths.get(identity(holder))
 
 
-def _would_do(installs: Installs, patch: Patch, hit: Site) -> tuple[str, str]:
+def _would_do(installs: Store, patch: Patch, hit: Site) -> tuple[str, str]:
     """``(what, why)``: what an apply would do on one holder: share, install, conflict or error."""
     with LOCK:
         key = stack_key(patch, hit.holder, hit.attr)
@@ -152,7 +153,7 @@ def _reason(patch: Patch) -> str:
     return patch.when.evaluate().reason
 
 
-def active(installs: Installs) -> tuple[Installed, ...]:
+def active(installs: Store) -> tuple[Installed, ...]:
     """Copies of every active install, in install order per attribute, then the lazy patches waiting."""
     with LOCK:
         installs.purge()
@@ -178,12 +179,12 @@ def summary(owner: Owner) -> str:
     return f"registry {owner.name!r}: {counts}\n" + table(headers, rows, width=WIDTH, floors=(keep, 0, 0, 0, 0))
 
 
-def fingerprint(installs: Installs) -> str:
+def fingerprint(installs: Store) -> str:
     """A stable digest of :func:`fingerprint_lines`: equal in two processes with the same patches active."""
     return hashlib.sha256("\n".join(fingerprint_lines(installs)).encode()).hexdigest()[:16]
 
 
-def fingerprint_lines(installs: Installs) -> list[str]:
+def fingerprint_lines(installs: Store) -> list[str]:
     """What the fingerprint digests, sorted: installs (no ids, paths or times), predicate answers, versions."""
     with LOCK:
         installs.purge()

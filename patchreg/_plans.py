@@ -17,11 +17,11 @@ from typing import Any
 
 from patchreg._checks import check_mapping, check_patchable, name_patch, warn_not_found
 from patchreg._guards import Guards, guard_check, trace
-from patchreg._layers import Layer, weak_or_id
 from patchreg._namespace import ABSENT, bind_like
 from patchreg._predicates import on_refresh
 from patchreg._records import Patch, PatchSet
-from patchreg._store import LOCK, REGISTRIES, Installs, InstallStack
+from patchreg._stacks import Layer, weak_or_id
+from patchreg._store import LOCK, REGISTRIES, Stack, Store
 from patchreg._targets import Miss, Site, identity
 from patchreg.exceptions import PatchError
 
@@ -116,14 +116,14 @@ class Plan:
     #: every planned install, when all are: (patch, stack, holder type, the class's namespace and what it stores
     #: (:func:`_class_read`), (MRO, namespaces above) or None, bind mode, attr, replacement, what the layer holds
     #: of a plain install (its weak reference or identity), stack.layers)
-    flat: tuple[tuple[Patch, InstallStack, type, Any, Any, Any, int, str, Any, Any, list[Layer]], ...] | None
+    flat: tuple[tuple[Patch, Stack, type, Any, Any, Any, int, str, Any, Any, list[Layer]], ...] | None
     #: when every install is a method bound to its holder, on an attribute no class above shadows: per install
     #: (stack, holder type, the class's namespace, what it stores, attr, replacement, patch, stack.layers)
-    bound: tuple[tuple[InstallStack, type, Any, Any, str, Any, Patch, list[Layer]], ...] | None
+    bound: tuple[tuple[Stack, type, Any, Any, str, Any, Patch, list[Layer]], ...] | None
     skipped: tuple[tuple[str, str], ...]  # the predicate skips
     #: the guards as one check of the object applied on: True while resolving again would find the same holders
     holds: Callable[[Any], bool]
-    items: tuple[tuple[Patch, str | None, tuple[tuple[InstallStack, type, Any, int], ...] | None], ...]
+    items: tuple[tuple[Patch, str | None, tuple[tuple[Stack, type, Any, int], ...] | None], ...]
     key: tuple[int, ...]
     name: str
     plans: dict[tuple[int, ...], Plan]
@@ -135,7 +135,7 @@ class Plan:
     @classmethod
     def remember(
         cls,
-        installs: Installs,
+        installs: Store,
         plans: dict[tuple[int, ...], Plan],
         target: object,
         obj: Any,
@@ -155,12 +155,12 @@ class Plan:
             return None
         plan.target = plan.refs[0]
         plan.obj = _no_object if obj is None else plan.refs[1] if len(chunks) == 1 and chunks[0] is obj else _not_one
-        items: list[tuple[Patch, str | None, tuple[tuple[InstallStack, type, Any, int], ...] | None]] = []
+        items: list[tuple[Patch, str | None, tuple[tuple[Stack, type, Any, int], ...] | None]] = []
         reads: list[tuple[Any, ...]] = []
         walks: list[tuple[Any, ...]] = []
         guards: list[Guards] = []
         for patch, reason, traced in traces:
-            entries: list[tuple[InstallStack, type, Any, int]] | None = None
+            entries: list[tuple[Stack, type, Any, int]] | None = None
             if traced is not None:
                 entries = []
                 for holder, attr in traced[0]:
@@ -280,7 +280,7 @@ def _not_one() -> object:
 _NEVER = object()  # what a plan made for chunks returns as its object: never the object of a one-object apply
 
 
-def _bind_mode(patch: Patch, stack: InstallStack, holder: Any) -> int:
+def _bind_mode(patch: Patch, stack: Stack, holder: Any) -> int:
     """How a planned install on an instance binds the replacement (0: not planned, use the general path)."""
     if patch.kind not in ("replace", "value") or stack.kind != "instance":
         return 0

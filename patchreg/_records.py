@@ -1,4 +1,4 @@
-"""The records of patchreg: Patch, PatchSet, Report, Installed, and a Patch's backup slot."""
+"""The declarations of patchreg and their read-only views: Patch, PatchSet, Installed, and a Patch's backup slot."""
 
 from __future__ import annotations
 
@@ -6,22 +6,22 @@ import functools
 import inspect
 import re
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Literal
 
 import attrs
 
-from patchreg._drift import Drift, Verified, drift
-from patchreg._format import WIDTH, wrap
+from patchreg._drift import Verified
 from patchreg._namespace import ABSENT, environ_problem
 from patchreg._predicates import Predicate, always
 from patchreg._targets import ImportPath, Selector, identity, parse_target
 from patchreg.exceptions import PatchDefinitionError
 
-if TYPE_CHECKING:
-    from patchreg._layers import Layer
+__all__ = ["ABSENT", "ORIGINALS", "Backup", "Installed", "Patch", "PatchSet", "Target", "patches_of"]
 
-__all__ = ["ABSENT", "Backup", "Installed", "Patch", "PatchSet", "Report", "entry", "patches_of"]
+#: Where a :class:`Backup` reads the originals of a patch's live installs: the store puts its reader here when it is
+#: imported (it imports this module, so this module cannot import it). ``(holder, original)``, oldest first.
+ORIGINALS: list[Callable[[Any], list[tuple[Any, Any]]]] = []
 
 Kind = Literal["replace", "wrap", "value", "item"]
 #: Kinds whose replacement is installed as it is, never called by patchreg or required to be callable.
@@ -46,11 +46,9 @@ class Backup:
 
     def _pairs(self) -> list[tuple[Any, Any]]:
         patch = self._patch() if self._patch is not None else None
-        if patch is None:
+        if patch is None or not ORIGINALS:
             return []
-        from patchreg._store import originals  # the store imports this module: read it at call time
-
-        return originals(patch)
+        return ORIGINALS[0](patch)
 
     def get(self, holder: Any, default: Any = None) -> Any:
         """The most recent original of ``holder`` (``ABSENT`` if it had none), or ``default``."""
@@ -320,135 +318,8 @@ class Installed:
         return f"{self.holder}[{self.attr!r}]" if self.kind == "item" else f"{self.holder}.{self.attr}"
 
 
-def entry(layer: Layer, state: str | None = None) -> Installed:
-    """An :class:`Installed` copy of one of a registry's installs (its layer).
-
-    ``state="reverted"`` shows the layer as released (count 0), whoever else still uses it.
-    """
-    patch, site = layer.patch, layer.stack
-    count = 0 if state == "reverted" else layer.count
-    if state is None:
-        state = "active" if count > 0 else "reverted"
-    return Installed(
-        patch=patch.name,
-        target=str(patch.where),
-        holder=site.label,
-        attr=site.attr if isinstance(site.attr, str) else repr(site.attr),
-        kind=patch.kind,
-        count=count,
-        since=layer.since / 1e9,
-        state=state,
-        address=site.address,
-    )
-
-
-class Report:
-    """What one ``apply`` did, and the references it holds until it is reverted (once).
-
-    ``installed`` counts new installs, ``skipped`` holds ``(name, reason)`` pairs. It stays
-    readable after the block ends: ``entries`` then show count 0 and state "reverted". A Report
-    only reads: every one is a :class:`patchreg._store.Ledger`, whose fields the store writes.
-    """
-
-    __slots__ = ()
-
-    # the store's fields (patchreg._store.Ledger), read here
-    owner: Any  # the Registry
-    set_name: str
-    new_installs: int
-    skips: tuple[tuple[str, str], ...]
-    layers: list[Layer]
-    waiting: Sequence[Any]  # its lazy patches (patchreg._lazy.Pending)
-    released: bool
-    unwound: int  # how many layers, from the end, were released (an interrupted release resumes)
-
-    @property
-    def name(self) -> str:
-        """The patch set's name."""
-        return self.set_name
-
-    @property
-    def installed(self) -> int:
-        """How many installs this apply made (shared ones count 0)."""
-        return self.new_installs
-
-    @property
-    def skipped(self) -> tuple[tuple[str, str], ...]:
-        """``(patch name, reason)`` for every patch this apply skipped."""
-        return self.skips
-
-    @property
-    def entries(self) -> tuple[Installed, ...]:
-        """The installs this apply held a reference on (new or shared).
-
-        One this report released shows count 0 and state "reverted", though another user may still
-        hold it; the others show the install's count (0 and "reverted" once its last user let go).
-        """
-        ledger = self
-        live = len(ledger.layers) - ledger.unwound
-        return tuple(entry(la, None if i < live else "reverted") for i, la in enumerate(ledger.layers))
-
-    @property
-    def pending(self) -> tuple[str, ...]:
-        """Names of lazy patches still waiting for their module to be imported."""
-        return tuple(p.patch.name for p in self.waiting if p.state == "pending")
-
-    @property
-    def held(self) -> int:
-        """How many installs this apply still holds a reference on.
-
-        An install released otherwise (``revert(patch)``, ``revert_all()``: its count is 0) is not held.
-        """
-        ledger = self
-        if ledger.released:
-            return 0
-        return sum(1 for la in ledger.layers[: len(ledger.layers) - ledger.unwound] if la.count > 0)
-
-    @property
-    def reverted(self) -> bool:
-        """True once this apply's references were released: through it, or by ``revert(patch)``/``revert_all()``.
-
-        A report that took nothing (every patch skipped) is reverted only through itself.
-        """
-        ledger = self
-        if ledger.released:
-            return True
-        if self.held or self.pending:
-            return False
-        return bool(ledger.layers) or any(p.state == "cancelled" for p in ledger.waiting)
-
-    def __repr__(self) -> str:
-        return f"<Report {self.name!r}: {self.installed} installed, {self.held} held, {len(self.skipped)} skipped>"
-
-    def __str__(self) -> str:
-        state = " (reverted)" if self.reverted else ""
-        lines = [
-            f"patch set {self.name!r}{state}: {self.installed} newly installed, {self.held} held, "
-            f"{len(self.skipped)} skipped"
-        ]
-        rows = [(e.state, e.patch, f"{e.where} (count {e.count})") for e in self.entries]
-        rows += [("pending", name, "installed when its module is imported") for name in self.pending]
-        rows += [("skipped", name, reason) for name, reason in self.skipped]
-        rows += [("verified" if d.ok else "review", name, d.text) for name, d in self.drift]
-        for label, name, text in rows:  # within WIDTH columns: a long reason goes on under itself
-            lead = f"  {label:<8} {name:<24} "
-            first, *rest = wrap(text, max(WIDTH - len(lead), 40))
-            lines += [lead + first, *(" " * len(lead) + part for part in rest)]
-        return "\n".join(lines)
-
-    @property
-    def drift(self) -> tuple[tuple[str, Drift], ...]:
-        """``(patch name, Drift)`` for each patch this apply installed that declares ``verified=``.
-
-        ``Drift.ok`` is False when the upstream body is not one it was verified against: a warning
-        to review the patch (it is installed all the same).
-        """
-        seen: dict[str, Drift] = {}
-        for layer in self.layers:
-            patch = layer.patch
-            if patch.verified is not None and patch.name not in seen:
-                seen[patch.name] = drift(patch.verified, patch)
-        return tuple(seen.items())
+#: What an apply, a revert or a block takes: one patch, a set, or patches.
+Target = Patch | PatchSet | Iterable[Patch]
 
 
 def patches_of(target: object) -> tuple[str, tuple[Patch, ...]]:
@@ -457,7 +328,7 @@ def patches_of(target: object) -> tuple[str, tuple[Patch, ...]]:
         return target.name, (target,)
     if isinstance(target, PatchSet):
         return target.name, target.patches
-    if isinstance(target, Iterable) and not isinstance(target, (str, bytes, Report)):
+    if isinstance(target, Iterable) and not isinstance(target, (str, bytes)):
         items = tuple(target)  # a generator too (read once)
         if all(isinstance(p, Patch) for p in items):
             return "patches", PatchSet("patches", items).patches  # the same checks as a set (unique names)

@@ -3,7 +3,7 @@
 ``apply`` resolves (outside the lock: selectors and predicates are user code), then asks the store
 to take a user of each install; ``revert`` (or the end of a ``patched`` block) asks it to release
 one, and the last user's release puts back exactly what was there. Where each concept lives:
-state in :mod:`patchreg._store` (an install's record in :mod:`patchreg._layers`), raw reads and writes in
+state in :mod:`patchreg._store` (an install's record in :mod:`patchreg._stacks`), raw reads and writes in
 :mod:`patchreg._namespace`, refusals in :mod:`patchreg._checks`, plans in :mod:`patchreg._plans` (their guards
 in :mod:`patchreg._guards`), the hot path (a plan's clean installs and their release) in :mod:`patchreg._clean`,
 lazy patches in :mod:`patchreg._lazy`, blocks in :mod:`patchreg._context`,
@@ -33,14 +33,13 @@ from patchreg._plans import (
     plannable,
     resolve_all,
 )
-from patchreg._records import Installed, Patch, PatchSet, Report, patches_of
-from patchreg._store import LOCK, REGISTRIES, Checkpoint, Installs, InstallStack, Ledger, stack_key
+from patchreg._records import Installed, Patch, Target, patches_of
+from patchreg._stacks import Checkpoint, Report
+from patchreg._store import LOCK, REGISTRIES, Stack, Store, stack_key
 from patchreg._targets import Miss, Site, identity
 from patchreg.exceptions import PatchDefinitionError
 
 __all__ = ["Checkpoint", "Explanation", "Patched", "Registry", "Target", "decorate"]
-
-Target = Patch | PatchSet | Iterable[Patch]
 
 
 class Registry:
@@ -55,7 +54,7 @@ class Registry:
 
     def __init__(self, name: str = "default") -> None:
         self.name = name
-        self._installs = Installs(self)
+        self._installs = Store(self)
         self._plans: dict[tuple[int, ...], Plan] = {}
         self._last: Plan | None = None  # the plan used last: an RL loop re-enters the same block
         self._seen: dict[tuple[int, ...], None] = {}  # (set, object) keys applied once, not yet planned
@@ -135,7 +134,7 @@ class Registry:
             self._applied(ledger, obj)
         return ledger
 
-    def _applied(self, ledger: Ledger, obj: Any) -> None:
+    def _applied(self, ledger: Report, obj: Any) -> None:
         """After an apply: note it in the live checkpoints, and name the instance stacks it made by path (a walk of
         ``obj``: user code). If that raises (an interrupt), the apply is reverted: its report never reaches the
         caller, so nothing of it may stay installed without an owner."""
@@ -174,11 +173,11 @@ class Registry:
         warn: bool | None,
         waiting: list[Patch] | None = None,
         patches: Iterable[Patch] = (),
-    ) -> Ledger:
+    ) -> Report:
         """Take a user of every work item (under the lock), after refusing or warning about the skips."""
         if skipped and (strict or warn):
             report_skips(name, skipped, strict, patches)
-        ledger = Ledger.make(self, name, tuple(skipped))
+        ledger = Report.make(self, name, tuple(skipped))
         installs = self._installs
         with LOCK:
             if installs.dead:
@@ -197,7 +196,7 @@ class Registry:
         """
         installs = self._installs
         if isinstance(target, Report):
-            ledger: Ledger = target  # type: ignore[assignment]  # every Report is the store's Ledger
+            ledger = target
             if ledger.owner is not self:
                 msg = f"Report {target!r} came from registry {ledger.owner.name!r}; revert it there."
                 raise PatchDefinitionError(msg, target=target.name)
@@ -209,7 +208,7 @@ class Registry:
             return restored
         name, patches = patches_of(target)
         hits = [(patch, _hits(patch, obj)) for patch in patches]  # user code (selectors): outside the lock
-        ledger = Ledger.make(self, name)
+        ledger = Report.make(self, name)
         with LOCK:
             installs.purge()
             _lazy.cancel_patches(installs, patches)
@@ -219,7 +218,7 @@ class Registry:
             ledger.layers.sort(key=lambda la: la.seq)  # released last-installed first, whatever the set's order
             return installs.release(ledger)
 
-    def _stacks_of(self, patch: Patch, found: list[Site] | None) -> list[InstallStack]:
+    def _stacks_of(self, patch: Patch, found: list[Site] | None) -> list[Stack]:
         """Our stacks that ``patch`` is on, restricted to ``found`` holders (under the lock)."""
         stacks = self._installs.stacks
         if found is None:

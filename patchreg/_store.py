@@ -14,26 +14,23 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Iterable
+from typing import Any, Protocol
 
 from patchreg._checks import check_compatible, check_release, to_release
-from patchreg._layers import GONE, Layer, Ref
-from patchreg._namespace import ABSENT, build, holder_kind, label, put_back, same, write
-from patchreg._records import Patch, Report
+from patchreg._namespace import ABSENT, build, holder_kind, put_back, same, write
+from patchreg._records import ORIGINALS, Patch
+from patchreg._stacks import GONE, Checkpoint, Layer, Pending, Ref, Report, Stack, Strong, gone
 from patchreg._targets import identity
 from patchreg.exceptions import PatchOwnershipError, UnpatchableTargetError
-
-if TYPE_CHECKING:
-    from patchreg._lazy import Pending
 
 __all__ = [
     "LOCK",
     "REGISTRIES",
     "Checkpoint",
-    "InstallStack",
-    "Installs",
-    "Ledger",
+    "Stack",
+    "Store",
+    "Report",
     "originals",
     "stack_key",
     "top_owner",
@@ -60,7 +57,7 @@ class Owner(Protocol):
     """What the store needs of a registry: its name (for messages) and its installs."""
 
     name: str
-    _installs: Installs
+    _installs: Store
 
 
 SEQUENCE = itertools.count()  # install order across registries (a patch's backup stacks by it)
@@ -74,138 +71,8 @@ def stack_key(patch: Patch, holder: Any, attr: Any) -> tuple[int, Any]:
     return (identity(holder), ("[]", attr) if patch.kind == "item" else attr)
 
 
-class _Strong:
-    """A strong reference with a weak reference's call: for a mapping (a dict) that has no weak references."""
-
-    __slots__ = ("obj",)
-
-    def __init__(self, obj: Any) -> None:
-        self.obj = obj
-
-    def __call__(self) -> Any:
-        return self.obj
-
-
-def _gone() -> None:
-    """The reference of a stack whose mapping it let go (:meth:`Installs.let_go`)."""
-    return None
-
-
-class InstallStack:
-    """One attribute on one holder (held weakly), or one key of a mapping, and one registry's layers on it.
-
-    ``kind``: ``"module"``, ``"class"``, ``"instance"`` or ``"item"``; layers bottom first. A mapping
-    that cannot be weakly referenced (a dict) is held strongly while the stack lives.
-    """
-
-    __slots__ = ("attr", "dependents", "key", "kind", "layers", "path", "ref", "title")
-
-    def __init__(
-        self,
-        holder: Any,
-        attr: Any,
-        kind: str,
-        on_death: Callable[[Any], None],
-        key: tuple[int, Any] | None = None,
-        title: str | None = None,
-    ) -> None:
-        try:
-            self.ref: Callable[[], Any] = weakref.ref(holder, on_death)
-        except TypeError:
-            self.ref = _Strong(holder)
-        self.attr = attr
-        self.kind = kind
-        #: an instance's path from the object its first apply was given (``model.mtp.layers[0]``), once named
-        self.path: str | None = None
-        self.key = (identity(holder), attr) if key is None else key
-        self.title = title  # how an item's mapping is named (its import path), else the holder's label
-        self.layers: list[Layer] = []
-        #: our layers that others depend on: {our layer: the layers over it}; None when there are none. Over it:
-        #: another registry's layer on this attribute, or a wrap (any registry's) of this class attribute
-        #: installed on a subclass or an instance, which calls what it wrapped
-        self.dependents: dict[Layer, list[Layer]] | None = None
-
-    @property
-    def label(self) -> str:
-        """How reports and messages name the holder: an item's mapping by its title, an instance by its path
-        from the object passed (once named), else :func:`label`."""
-        if self.title is not None:
-            return self.title
-        if self.path is not None:
-            return self.path
-        holder = self.ref()
-        return "<dead object>" if holder is None else label(holder)
-
-    @property
-    def address(self) -> str:
-        """The holder's type and address (an instance), dotted name, or an item mapping's title: tells holders apart."""
-        if self.title is not None:
-            return self.title
-        holder = self.ref()
-        return "<dead object>" if holder is None else label(holder)
-
-    @property
-    def where(self) -> str:
-        """``holder.attr`` (``mapping['key']`` for an item), as messages name it."""
-        return f"{self.label}[{self.attr!r}]" if self.kind == "item" else f"{self.label}.{self.attr}"
-
-    def current(self) -> Any:
-        holder = self.ref()
-        if holder is None:
-            return ABSENT
-        if self.kind == "item":
-            return holder.get(self.attr, ABSENT)
-        return vars(holder).get(self.attr, ABSENT)
-
-
-class Ledger(Report):
-    """What one apply took: the :class:`Report` a registry hands out is its ledger.
-
-    :class:`Report` only reads these fields (its properties); the store, the plans and the lazy
-    hooks write them. One object, not a report wrapping a ledger: an apply allocates it once.
-    """
-
-    __slots__ = ("clean", "layers", "new_installs", "owner", "released", "set_name", "skips", "unwound", "waiting")
-
-    layers: list[Layer]  # the installs this apply took a user of, in order
-    waiting: Sequence[Pending]  # its lazy patches (a list made by _lazy when it has some)
-    #: every layer a planned clean install (a method bound to its holder, on an instance attribute absent
-    #: before, held by weak reference; no lazy patch): its release checks only what can have changed since
-    clean: bool
-
-    @classmethod
-    def make(cls, owner: Owner, name: str, skipped: tuple[tuple[str, str], ...] = ()) -> Ledger:
-        """An empty ledger of ``owner`` for the set ``name``. (No ``__init__``: a planned apply makes its ledger with
-        a bare ``Ledger()``, the cheapest allocation.)"""
-        self = cls()
-        self.owner = owner
-        self.set_name = name
-        self.skips = skipped
-        self.layers = []
-        self.waiting = ()
-        self.released = False
-        self.unwound = 0
-        self.new_installs = 0
-        self.clean = False
-        return self
-
-
-class Checkpoint:
-    """One moment of a registry (see :meth:`Registry.checkpoint`): the applies made since, while it lives."""
-
-    __slots__ = ("__weakref__", "installs", "ledgers", "owner")
-
-    def __init__(self, owner: Any, installs: int) -> None:
-        self.owner = owner
-        self.installs = installs  # how many installs there were (its repr); it holds none of them
-        self.ledgers: list[Ledger] = []  # the applies made since, in order
-
-    def __repr__(self) -> str:
-        return f"<Checkpoint of {self.installs} install(s) in {self.owner.name!r}>"
-
-
-class Installs:
-    """One registry's installs: an :class:`InstallStack` per attribute, its lazy patches, its checkpoints.
+class Store:
+    """One registry's installs: an :class:`Stack` per attribute, its lazy patches, its checkpoints.
 
     Every method that changes something runs under :data:`LOCK` (the caller holds it).
     Stacks stay while their holder lives (weakly), so re-applying is cheap.
@@ -215,8 +82,8 @@ class Installs:
 
     def __init__(self, owner: Owner) -> None:
         self.owner = weakref.ref(owner)
-        self.stacks: dict[tuple[int, str], InstallStack] = {}
-        self.unnamed: list[InstallStack] = []  # new instance stacks, named by path after the apply (outside the lock)
+        self.stacks: dict[tuple[int, str], Stack] = {}
+        self.unnamed: list[Stack] = []  # new instance stacks, named by path after the apply (outside the lock)
         self.dead: list[Any] = []  # holders' death notices, purged under the lock
         self.pending: list[Pending] = []
         self.checkpoints: list[weakref.ref[Checkpoint]] = []  # live checkpoints record every apply
@@ -238,7 +105,7 @@ class Installs:
 
     # -- taking users ------------------------------------------------------------------------
 
-    def take_all(self, work: Iterable[tuple[Patch, Any, str]], ledger: Ledger) -> int:
+    def take_all(self, work: Iterable[tuple[Patch, Any, str]], ledger: Report) -> int:
         """Take a user of every ``(patch, holder, attr)`` for ``ledger``; all or nothing; how many installed."""
         installed = 0
         now = time.time_ns()
@@ -250,7 +117,7 @@ class Installs:
             raise
         return installed
 
-    def take(self, patch: Patch, holder: Any, attr: str, ledger: Ledger, now: int) -> int:
+    def take(self, patch: Patch, holder: Any, attr: str, ledger: Report, now: int) -> int:
         """Count a user of ``patch`` on ``holder.attr``, installing it if it is the first; 1 if installed."""
         key = stack_key(patch, holder, attr)
         stack = self.stacks.get(key)
@@ -260,9 +127,9 @@ class Installs:
             # the death callback only records: it may run inside a locked section (gc); purge drops the stack
             if patch.kind == "item":
                 title = str(patch.where) if patch.is_global else None  # else named by path, as an instance
-                stack = InstallStack(holder, attr, "item", self.dead.append, key, title)
+                stack = Stack(holder, attr, "item", self.dead.append, key, title)
             else:
-                stack = InstallStack(holder, attr, holder_kind(holder), self.dead.append)
+                stack = Stack(holder, attr, holder_kind(holder), self.dead.append)
             self.stacks[key] = stack
             if stack.kind == "instance" or (stack.kind == "item" and stack.title is None):
                 self.unnamed.append(stack)  # named by its path from the object after the apply
@@ -276,7 +143,7 @@ class Installs:
         self._install(patch, stack, holder, ledger, now)
         return 1
 
-    def _install(self, patch: Patch, stack: InstallStack, holder: Any, ledger: Ledger, now: int) -> None:
+    def _install(self, patch: Patch, stack: Stack, holder: Any, ledger: Report, now: int) -> None:
         original = stack.current()
         below = self.foreign_top(stack.key, stack.layers, holder, original)
         if below is not None and below[2].patch is not patch:  # the same patch stacks, as in one registry
@@ -322,7 +189,7 @@ class Installs:
 
     def foreign_top(
         self, key: tuple[int, str], layers: list[Layer], holder: Any, current: Any
-    ) -> tuple[Owner, InstallStack, Layer] | None:
+    ) -> tuple[Owner, Stack, Layer] | None:
         """Another registry's live layer that installed ``current`` on this attribute (the topmost), if any.
 
         ``layers``: this registry's on the attribute (``key``), bottom first.
@@ -337,7 +204,7 @@ class Installs:
 
     # -- releasing users ---------------------------------------------------------------------
 
-    def release(self, ledger: Ledger) -> int:
+    def release(self, ledger: Report) -> int:
         """Drop one user per layer of ``ledger`` (last taken first); all or nothing; how many restored.
 
         The general way, for every case; a block's exit and ``Registry.revert(report)`` try
@@ -377,7 +244,7 @@ class Installs:
                         stack.layers.pop()
                     else:
                         uninstall(layer, debug)
-                        if not stack.layers and type(stack.ref) is _Strong:
+                        if not stack.layers and type(stack.ref) is Strong:
                             self.let_go(stack)
                     restored += 1
                 layer.count = 0
@@ -396,18 +263,18 @@ class Installs:
         for layer in layers:
             uninstall(layer)
             layer.count = 0
-            if not layer.stack.layers and type(layer.stack.ref) is _Strong:
+            if not layer.stack.layers and type(layer.stack.ref) is Strong:
                 self.let_go(layer.stack)
         return len(layers)
 
-    def let_go(self, stack: InstallStack) -> None:
+    def let_go(self, stack: Stack) -> None:
         """Forget a stack that holds its mapping strongly once its last layer is gone: neither the stack nor a
         report that still reads its layers keeps the mapping (and what it refers to) alive. Its name stays."""
         stack.title = stack.label
-        stack.ref = _gone
+        stack.ref = gone
         self.dead.append(None)  # purged with the dead holders' stacks
 
-    def record(self, ledger: Ledger) -> None:
+    def record(self, ledger: Report) -> None:
         """Note ``ledger`` in every live checkpoint (an apply made while one exists)."""
         with LOCK:
             live = []
@@ -446,7 +313,7 @@ def uninstall(layer: Layer, debug: bool = False) -> None:
         log.debug("patchreg: restored %s (%s)", stack.where, layer.patch.name)
 
 
-def cancel(installs: Installs, pendings: Iterable[Pending]) -> None:
+def cancel(installs: Store, pendings: Iterable[Pending]) -> None:
     """Cancel the lazy patches among ``pendings`` that still wait (under the lock)."""
     for pending in list(pendings):
         if pending.state == "pending":
@@ -467,11 +334,14 @@ def originals(patch: Patch) -> list[tuple[Any, Any]]:
     return [(holder, original) for _seq, holder, original in found]
 
 
+ORIGINALS.append(originals)  # what a Patch's backup reads (the records cannot import the store, which imports them)
+
+
 def top_owner(
-    key: tuple[int, str], holder: Any, current: Any, skip: Installs | None = None
-) -> tuple[Owner, InstallStack, Layer] | None:
+    key: tuple[int, str], holder: Any, current: Any, skip: Store | None = None
+) -> tuple[Owner, Stack, Layer] | None:
     """The topmost live layer, of any registry but ``skip``'s, that installed ``current`` on ``holder``'s attribute."""
-    found: tuple[Owner, InstallStack, Layer] | None = None
+    found: tuple[Owner, Stack, Layer] | None = None
     for registry in list(REGISTRIES):
         installs = registry._installs
         if installs is skip:
@@ -485,7 +355,7 @@ def top_owner(
     return found
 
 
-def inherited_layer(stack: InstallStack, holder: Any) -> tuple[InstallStack, Layer] | None:
+def inherited_layer(stack: Stack, holder: Any) -> tuple[Stack, Layer] | None:
     """The live layer (any registry's) that installed the class attribute ``holder.attr`` inherits, if any."""
     if stack.kind == "module":
         return None
@@ -501,7 +371,7 @@ def inherited_layer(stack: InstallStack, holder: Any) -> tuple[InstallStack, Lay
     return None if found is None else (found[1], found[2])
 
 
-def depend(stack: InstallStack, layer: Layer, upper: Layer) -> None:
+def depend(stack: Stack, layer: Layer, upper: Layer) -> None:
     """Note that ``upper`` depends on ``layer`` (of ``stack``): releasing ``layer`` waits for it."""
     if stack.dependents is None:
         stack.dependents = {}
