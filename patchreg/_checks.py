@@ -176,12 +176,6 @@ def check_release(layers: list[Layer]) -> None:
                         "of applying). Nothing was changed."
                     )
                     raise PatchOwnershipError(msg, patch=layer.patch, target=layer.patch.target)
-            if live:  # released earlier in this batch, which may still be refused: keep them
-                dependents[layer] = live
-            else:  # those layers are gone: forget them
-                del dependents[layer]
-                if not dependents:
-                    stack.dependents = None
         order = tops.get(stack)
         if order is None:
             order = tops[stack] = stack.layers[:]

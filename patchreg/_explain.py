@@ -20,7 +20,7 @@ from patchreg._plans import locate
 from patchreg._predicates import distributions, provider
 from patchreg._records import Installed, Patch
 from patchreg._stacks import entry
-from patchreg._store import LOCK, Owner, Store, stack_key
+from patchreg._store import LOCK, Store, stack_key
 from patchreg._targets import Miss, Selector, Site, identity
 from patchreg.exceptions import PatchConflictError, UnpatchableTargetError
 
@@ -106,8 +106,7 @@ def name_stacks(installs: Store, obj: Any) -> None:
     A stack keeps the name of the apply that created it: ``model.mtp.layers[0]``, ``chunks[1].module``; the stack of
     an item on an object's mapping, the mapping's (``model.extra``).
     """
-    with LOCK:
-        stacks, installs.unnamed = installs.unnamed, []
+    stacks = installs.take_unnamed()
     found: dict[tuple[int, bool], dict[int, str]] = {}
     for stack in stacks:
         holder = stack.ref()
@@ -118,7 +117,7 @@ def name_stacks(installs: Store, obj: Any) -> None:
         paths = found.get(key)
         if paths is None:
             paths = found[key] = _paths(patch.where, obj, key[1])
-        stack.path = paths.get(identity(holder))
+        installs.set_path(stack, paths.get(identity(holder)))
 
 
 def _would_do(installs: Store, patch: Patch, hit: Site) -> tuple[str, str]:
@@ -161,22 +160,22 @@ def active(installs: Store) -> tuple[Installed, ...]:
         return (*live, *(p.entry() for p in installs.pending))
 
 
-def summary(owner: Owner) -> str:
+def summary(installs: Store) -> str:
     """A table of active installs, no wider than 100 columns: patch, holder (and attribute), count, state, since.
 
     The holder reads as a path from the object the installing apply was given (``model.mtp.layers[0]``)
     or a dotted name; each install's target string is in :meth:`Registry.active`'s records.
     """
     now = time.time()
-    entries = active(owner._installs)
+    entries = active(installs)
     rows = [(e.patch, e.where, str(e.count), e.state, f"{now - e.since:.1f}s ago") for e in entries]
     if not rows:
-        return f"registry {owner.name!r}: nothing active"
+        return f"registry {installs.name!r}: nothing active"
     pending = sum(1 for e in entries if e.state == "pending")
     counts = f"{len(rows) - pending} active install(s)" + (f", {pending} pending (lazy)" if pending else "")
     keep = min(max(len(r[0]) for r in rows), 30)  # patch names stay whole; the holder wraps at its dots
     headers = ("patch", "holder", "count", "state", "since")
-    return f"registry {owner.name!r}: {counts}\n" + table(headers, rows, width=WIDTH, floors=(keep, 0, 0, 0, 0))
+    return f"registry {installs.name!r}: {counts}\n" + table(headers, rows, width=WIDTH, floors=(keep, 0, 0, 0, 0))
 
 
 def fingerprint(installs: Store) -> str:

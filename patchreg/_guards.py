@@ -1,7 +1,7 @@
 """Guards: the trace of a selector's walk on an object, and the check that a later walk would find the same.
 
 A :class:`~patchreg._plans.Plan` keeps the guards of the resolution it remembers and checks them at
-every apply (the hot path, with :mod:`patchreg._clean`): while they hold, resolving
+every apply (the hot path, with :meth:`patchreg._store.Store.take_planned`): while they hold, resolving
 again would find the same holders. They hold only weak references.
 """
 
@@ -12,7 +12,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from patchreg._targets import _NOT_INSTANCES, _UNSET, Selector, Site, _by_values, class_attr
+from patchreg._targets import NOT_INSTANCES, UNSET, Selector, Site, by_values, class_attr
 
 __all__ = ["Guards", "guard_check", "trace"]
 
@@ -35,11 +35,11 @@ def trace(selector: Selector, obj: Any) -> tuple[list[Site], Guards] | None:
     sites: list[Site] = []
     for chunk in chunks:
         holders = [chunk]
-        for step in selector._steps[:-1]:
+        for step in selector.steps[:-1]:
             nxt: list[Any] = []
             for holder in holders:
                 value = _traced_get(holder, step.name, reads)
-                if value is _UNSET:
+                if value is UNSET:
                     return None
                 items = [value]
                 for index in step.indices:
@@ -49,9 +49,9 @@ def trace(selector: Selector, obj: Any) -> tuple[list[Site], Guards] | None:
                     items = selected
                 nxt.extend(items)
             holders = nxt
-        attr = selector._steps[-1].name
+        attr = selector.steps[-1].name
         for holder in holders:  # the attribute must come from the class (its type is checked at apply)
-            if isinstance(holder, _NOT_INSTANCES) or class_attr(type(holder), attr, _UNSET) is _UNSET:
+            if isinstance(holder, NOT_INSTANCES) or class_attr(type(holder), attr, UNSET) is UNSET:
                 return None
         sites.extend(Site(holder, attr) for holder in holders)
     return sites, (tuple(reads), tuple(walks))
@@ -192,26 +192,26 @@ def _traced_get(holder: Any, name: str, reads: list[tuple[Any, ...]]) -> Any:
     cls = type(holder)
     ns = getattr(holder, "__dict__", None)
     if type(ns) is not dict or cls.__getattribute__ is not object.__getattribute__:  # type: ignore[comparison-overlap]
-        return _UNSET
-    raw = class_attr(cls, name, _UNSET)
-    if raw is not _UNSET and (name not in ns or hasattr(type(raw), "__set__")):
-        return _UNSET  # served by the class (a property, a descriptor): not followed
+        return UNSET
+    raw = class_attr(cls, name, UNSET)
+    if raw is not UNSET and (name not in ns or hasattr(type(raw), "__set__")):
+        return UNSET  # served by the class (a property, a descriptor): not followed
     mapping = None
     if name in ns:
         value = ns[name]
     else:
-        value = getattr(holder, name, _UNSET)
-        if value is _UNSET:
-            return _UNSET
+        value = getattr(holder, name, UNSET)
+        if value is UNSET:
+            return UNSET
         for key, inner in list(ns.items()):  # a copy: another thread may install into this __dict__ meanwhile
-            if isinstance(inner, dict) and inner.get(name, _UNSET) is value:
+            if isinstance(inner, dict) and inner.get(name, UNSET) is value:
                 mapping = key
                 break
         else:
-            return _UNSET
+            return UNSET
     href, vref = _weak(holder), _weak(value)
     if href is None or vref is None:
-        return _UNSET
+        return UNSET
     if reads and reads[-1][4]() is holder:  # a chain (model.mtp.layers): the holder is the value just read
         href = None
     reads.append((href, cls, name, mapping, vref))
@@ -248,15 +248,15 @@ def _traced_select(items: list[Any], index: str, walks: list[tuple[Any, ...]]) -
     for value in items:
         if isinstance(value, (list, tuple, str, bytes)):
             return None
-        by_values = _by_values(value)
+        mapping = by_values(value)
         try:
-            elements = list(value.values() if by_values else value)
+            elements = list(value.values() if mapping else value)
         except Exception:
             return None
         cref, snapshot = _weak(value), tuple(_weak(e) for e in elements)
         if cref is None or None in snapshot:
             return None
-        how = _MODULES if _walks_modules(value, by_values, elements) else _VALUES if by_values else _ITER
+        how = _MODULES if _walks_modules(value, mapping, elements) else _VALUES if mapping else _ITER
         walks.append((cref, type(value), how, snapshot))
         if index == "*":
             selected.extend(elements)

@@ -1,21 +1,22 @@
-"""Patches waiting for an import: ``apply(..., lazy=True)`` of an import path whose module is not imported yet."""
+"""Patches waiting for an import: ``apply(..., lazy=True)`` of an import path whose module is not imported yet.
+
+The post-import hooks live here; what they change (the store's pending list, the apply's report) the store changes
+(:meth:`patchreg._store.Store.take_on_import`).
+"""
 
 from __future__ import annotations
 
 import functools
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import wrapt
 
 from patchreg._plans import resolve_all
 from patchreg._stacks import Pending, Report
-from patchreg._store import LOCK, REGISTRIES, Store, cancel
+from patchreg._store import LOCK, STORES, Store
 
-if TYPE_CHECKING:
-    from patchreg._records import Patch
-
-__all__ = ["awaited", "cancel_patches", "install_on_import", "register_hooks", "wait_for_import"]
+__all__ = ["awaited", "install_on_import", "register_hooks"]
 
 log = logging.getLogger("patchreg")
 
@@ -23,13 +24,7 @@ log = logging.getLogger("patchreg")
 def awaited(module: str) -> bool:
     """Whether a lazy patch of any registry waits for ``module`` to be imported."""
     with LOCK:
-        return any(p.module == module and p.state == "pending" for r in list(REGISTRIES) for p in r._installs.pending)
-
-
-def wait_for_import(installs: Store, ledger: Report, waiting: list[Patch]) -> None:
-    """Make ``waiting`` lazy patches of ``ledger`` (under the lock): each installs when its module is imported."""
-    ledger.waiting = [Pending(p, ledger) for p in waiting]
-    installs.pending.extend(ledger.waiting)
+        return any(p.module == module and p.state == "pending" for s in list(STORES) for p in s.pending)
 
 
 def register_hooks(installs: Store, ledger: Report) -> None:
@@ -45,25 +40,13 @@ def install_on_import(installs: Store, pending: Pending, module: Any) -> None:
     try:
         work, skipped = resolve_all((pending.patch,), None)
         with LOCK:
-            if pending.state != "pending":
+            if not installs.take_on_import(pending, work, skipped):
                 return
-            installs.pending.remove(pending)
-            pending.state = "skipped: " + skipped[0][1] if skipped else "installed"
-            ledger = pending.ledger
-            ledger.skips = (*ledger.skips, *skipped)  # the apply's report says so too
-            taken = Report.make(ledger.owner, ledger.set_name)
-            installs.take_all(work, taken)  # a failure releases only what this patch took, not the user's others
-            ledger.layers.extend(taken.layers)
     except Exception as exc:  # never break the user's import statement
-        pending.state = f"failed: {exc}"
+        installs.failed_on_import(pending, exc)
         log.error("patchreg: lazy patch %s on import of %s failed: %s", pending.patch.name, pending.module, exc)
         return
     if skipped:
         log.warning(
             "patchreg: lazy patch %s skipped on import of %s: %s", pending.patch.name, pending.module, skipped[0][1]
         )
-
-
-def cancel_patches(installs: Store, patches: tuple[Patch, ...]) -> None:
-    """Cancel the lazy patches of ``installs`` that wait to install one of ``patches`` (under the lock)."""
-    cancel(installs, [p for p in installs.pending if p.patch in patches])

@@ -19,8 +19,8 @@ from patchreg.exceptions import PatchDefinitionError
 
 __all__ = ["ABSENT", "ORIGINALS", "Backup", "Installed", "Patch", "PatchSet", "Target", "patches_of"]
 
-#: Where a :class:`Backup` reads the originals of a patch's live installs: the store puts its reader here when it is
-#: imported (it imports this module, so this module cannot import it). ``(holder, original)``, oldest first.
+#: Where a :class:`Backup` reads the originals of a patch's live installs: the store's records
+#: (:mod:`patchreg._stacks`, which import this module) put their reader here. ``(holder, original)``, oldest first.
 ORIGINALS: list[Callable[[Any], list[tuple[Any, Any]]]] = []
 
 Kind = Literal["replace", "wrap", "value", "item"]

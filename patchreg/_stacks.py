@@ -1,14 +1,16 @@
 """The store's records: a layer (one patch installed on one attribute), the stack of layers on one attribute, the
 report of an apply, a lazy patch waiting for its import, and a checkpoint.
 
-Only :mod:`patchreg._store` writes them (and the fast path of :mod:`patchreg._clean`, under the store's lock, which
-makes a layer and a report field by field); reports, ``explain`` and the checks read them. On an instance a layer
+Only :mod:`patchreg._store` writes them (its one-pass path makes a layer and a report field by field, without an
+``__init__``); reports, ``explain`` and the checks read them. On an instance a layer
 holds neither what it installed nor the original strongly where that would keep the instance alive: a weak
 reference, or an identity.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -17,11 +19,13 @@ from typing import Any
 from patchreg._drift import Drift, drift
 from patchreg._format import WIDTH, wrap
 from patchreg._namespace import ABSENT, label, same
-from patchreg._records import Installed, Patch
+from patchreg._records import ORIGINALS, Installed, Patch
 from patchreg._targets import identity
 
 __all__ = [
     "GONE",
+    "LOCK",
+    "STORES",
     "Checkpoint",
     "Layer",
     "Pending",
@@ -32,10 +36,18 @@ __all__ = [
     "WeakOriginal",
     "entry",
     "gone",
+    "inherited_layer",
+    "originals",
+    "top_owner",
     "weak_or_id",
 ]
 
 Ref = weakref.ReferenceType
+
+#: One lock for every registry: they all write the same namespaces (the store takes it; readers here too).
+LOCK = threading.RLock()
+if hasattr(os, "register_at_fork"):  # a fork waits out any apply/revert in flight; the child's lock is free
+    os.register_at_fork(before=LOCK.acquire, after_in_parent=LOCK.release, after_in_child=LOCK.release)
 
 
 class Layer:
@@ -245,8 +257,8 @@ class Report:
 
     ``installed`` counts new installs, ``skipped`` holds ``(name, reason)`` pairs. It stays
     readable after the block ends: ``entries`` then show count 0 and state "reverted".
-    Its fields are the store's record of the apply, which only :mod:`patchreg._store` (and the fast path of
-    :mod:`patchreg._clean`, under the store's lock) writes; its properties read them.
+    Its fields are the store's record of the apply, which only :mod:`patchreg._store` writes; its properties read
+    them.
     """
 
     __slots__ = ("clean", "layers", "new_installs", "owner", "released", "set_name", "skips", "unwound", "waiting")
@@ -405,3 +417,55 @@ class Checkpoint:
 
     def __repr__(self) -> str:
         return f"<Checkpoint of {self.installs} install(s) in {self.owner.name!r}>"
+
+
+#: Every live registry's store (:class:`patchreg._store.Store`, weakly): cross-registry ownership and a patch's backup
+#: look through all of them. A store adds itself when it is made.
+STORES: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def originals(patch: Patch) -> list[tuple[Any, Any]]:
+    """``(holder, original)`` of every live install of ``patch`` in any registry, oldest first."""
+    found: list[tuple[int, Any, Any]] = []
+    with LOCK:
+        for store in list(STORES):
+            for stack in store.stacks.values():
+                holder = stack.ref()
+                if holder is not None:
+                    found.extend((la.seq, holder, la.displaced()) for la in stack.layers if la.patch is patch)
+    found.sort(key=lambda item: item[0])
+    return [(holder, original) for _seq, holder, original in found]
+
+
+ORIGINALS.append(originals)  # what a Patch's backup reads (the records cannot import this module, which imports them)
+
+
+def top_owner(key: tuple[int, str], holder: Any, current: Any, skip: Any = None) -> tuple[Any, Stack, Layer] | None:
+    """The topmost live layer, of any registry but ``skip``'s, that installed ``current`` on ``holder``'s attribute."""
+    found: tuple[Any, Stack, Layer] | None = None
+    for installs in list(STORES):
+        if installs is skip:
+            continue
+        other = installs.stacks.get(key)
+        if other is None or not other.layers or other.ref() is not holder:
+            continue
+        top = other.layers[-1]
+        if top.count > 0 and top.owns(current) and (found is None or top.seq > found[2].seq):
+            found = (installs, other, top)
+    return found
+
+
+def inherited_layer(stack: Stack, holder: Any) -> tuple[Stack, Layer] | None:
+    """The live layer (any registry's) that installed the class attribute ``holder.attr`` inherits, if any."""
+    if stack.kind == "module":
+        return None
+    mro = holder.__mro__[1:] if stack.kind == "class" else type(holder).__mro__
+    for klass in mro:
+        view = vars(klass)
+        if stack.attr in view:
+            raw, key = view[stack.attr], (identity(klass), stack.attr)
+            break
+    else:
+        return None
+    found = top_owner(key, klass, raw)
+    return None if found is None else (found[1], found[2])
