@@ -41,7 +41,7 @@ _IMMUTABLE_TYPE = 1 << 8  # Py_TPFLAGS_IMMUTABLETYPE
 
 def check_patchable(patch: Patch, holder: Any, attr: Any) -> None:
     """Refuse, before any change, what cannot be installed and restored exactly."""
-    if patch.kind == "item":
+    if patch.is_item:
         check_mapping(patch, holder)
         return
     if isinstance(holder, type) and holder.__flags__ & _IMMUTABLE_TYPE:
@@ -72,7 +72,7 @@ def check_mapping(patch: Patch, mapping: Any) -> None:
         )
         raise UnpatchableTargetError(msg, patch=patch, target=patch.target)
     if mapping is os.environ:
-        problem = environ_problem(patch.key, patch.replacement)
+        problem = environ_problem(patch.key, "" if patch.kind == "delete" else patch.replacement)
         if problem is not None:
             msg = f"Patch {patch.name!r} on {str(patch.where)!r}: {problem}; give os.environ a valid name and a str value."
             raise PatchDefinitionError(msg, patch=patch, target=patch.target)

@@ -64,14 +64,14 @@ def _explain_one(installs: Store, patch: Patch, obj: Any) -> list[tuple[str, str
         return [(patch.name, "-", "error", str(exc))]
     if isinstance(found, Miss):
         return [(patch.name, "-", "skip", found.reason)]
-    paths = _paths(patch.where, obj, patch.kind == "item")
+    paths = _paths(patch.where, obj, patch.is_item)
     return [(patch.name, _where(patch, hit, paths), *_would_do(installs, patch, hit)) for hit in found]
 
 
 def _where(patch: Patch, hit: Site, paths: dict[int, str]) -> str:
     """How a row names the holder: by its path from the object passed where it has one, else its label."""
     name = paths.get(identity(hit.holder)) or label(hit.holder)
-    if patch.kind == "item":
+    if patch.is_item:
         return f"{patch.where}[{hit.attr!r}]" if patch.is_global else f"{name}[{hit.attr!r}]"
     return f"{name}.{hit.attr}"
 
@@ -113,7 +113,7 @@ def name_stacks(installs: Store, obj: Any) -> None:
         if holder is None or not stack.layers:
             continue
         patch = stack.layers[0].patch
-        key = (id(patch.where), patch.kind == "item")
+        key = (id(patch.where), patch.is_item)
         paths = found.get(key)
         if paths is None:
             paths = found[key] = _paths(patch.where, obj, key[1])
@@ -131,7 +131,7 @@ def _would_do(installs: Store, patch: Patch, hit: Site) -> tuple[str, str]:
                 if layer.patch is patch:
                     return "share", f"already installed (count {layer.count}); {_reason(patch)}"
         layers = stack.layers if mine else []  # type: ignore[union-attr]
-        current = own_value(hit.holder, hit.attr, "item" if patch.kind == "item" else "")
+        current = own_value(hit.holder, hit.attr, "item" if patch.is_item else "")
         below = installs.foreign_top(key, layers, hit.holder, current)
         try:
             if mine:

@@ -101,6 +101,8 @@ def stored_value(holder: Any, attr: str) -> Any:
 def build(replacement: Any, how: str, kind: str, holder: Any, attr: Any, original: Any) -> Any:
     """The object to install for a patch of kind ``how``: a value or an item as it is, a replacement bound
     or re-wrapped as needed, a FunctionWrapper for a wrap."""
+    if how == "delete":
+        return ABSENT  # what the attribute (or key) holds while the patch is applied: nothing
     if how in ("value", "item"):
         return replacement
     if how == "wrap":
@@ -141,8 +143,11 @@ def bind_like(value: Any, holder: Any, attr: str, original: Any) -> Any:
 
 
 def write(kind: str, holder: Any, attr: Any, value: Any) -> None:
-    """Store ``value``: into ``vars(instance)`` directly, through ``setattr`` on classes and modules, as an item."""
-    if kind == "item":
+    """Store ``value``: into ``vars(instance)`` directly, through ``setattr`` on classes and modules, as an item;
+    ``ABSENT``: delete it (a delete patch)."""
+    if value is ABSENT:
+        put_back(kind, holder, attr, ABSENT)
+    elif kind == "item":
         holder[attr] = value
     elif kind == "instance":
         vars(holder)[attr] = value

@@ -17,7 +17,7 @@ from typing import Any
 
 from patchreg._checks import check_mapping, check_patchable, name_patch, report_skips, warn_not_found
 from patchreg._guards import Guards, guard_check, trace
-from patchreg._namespace import ABSENT, bind_like
+from patchreg._namespace import ABSENT, bind_like, label, own_value
 from patchreg._predicates import on_refresh
 from patchreg._records import Patch, PatchSet
 from patchreg._stacks import Layer, Report, weak_or_id
@@ -66,7 +66,7 @@ def plannable(target: object, obj: Any) -> bool:
 
 def _traced(patch: Patch, obj: Any, found: list[Site]) -> tuple[list[Site], Guards] | None:
     """A selector's trace on ``obj`` when it agrees with ``found``; None: resolve at every apply."""
-    if patch.is_global or patch.create or patch.kind == "item":
+    if patch.is_global or patch.create or patch.is_item or patch.kind == "delete":
         return None
     traced = trace(patch.where, obj)  # type: ignore[arg-type]
     if traced is None or len(traced[0]) != len(found):
@@ -220,7 +220,7 @@ class Plan:
                 found = resolve(patch, obj)
                 if isinstance(found, str):
                     skipped.append((patch.name, found))
-                    if warn is None:
+                    if warn is None and patch.kind != "delete":  # nothing to delete: a no-op, as pytest's raising=False
                         warn_not_found(patch, found)
                 else:
                     work.extend((patch, holder, attr) for holder, attr in found)
@@ -337,7 +337,7 @@ def resolve_all(
             continue
         if isinstance(found, str):
             skipped.append((patch.name, found))
-            if warn is None:
+            if warn is None and patch.kind != "delete":  # nothing to delete: a no-op, as pytest's raising=False
                 warn_not_found(patch, found)
             if traces is not None:
                 traces.append((patch, None, None))
@@ -350,9 +350,18 @@ def resolve_all(
 
 def locate(patch: Patch, obj: Any) -> list[Site] | Miss:
     """Where ``patch`` installs on ``obj``: its target's sites (absent ones too with ``create``); for an
-    item patch, ``(mapping, key)`` for each mapping the target names."""
-    if patch.kind != "item":
-        return patch.where.resolve(obj, create=patch.create)
+    item patch, ``(mapping, key)`` for each mapping the target names. A delete patch's sites must each hold what it
+    deletes in their own namespace (or mapping): else there is nothing to delete, a skip."""
+    if not patch.is_item:
+        found = patch.where.resolve(obj, create=patch.create)
+        if patch.kind == "delete" and not isinstance(found, Miss):
+            for holder, attr in found:
+                if own_value(holder, attr) is ABSENT:
+                    return Miss(
+                        f"{label(holder)}.{attr} is not in its own namespace (inherited, or served by __getattr__): "
+                        "nothing to delete there; point the patch at the class or module that holds it"
+                    )
+        return found
     found = patch.where.resolve(obj)
     if isinstance(found, Miss):
         return found
@@ -361,6 +370,8 @@ def locate(patch: Patch, obj: Any) -> list[Site] | Miss:
         mapping = getattr(holder, attr)
         check_mapping(patch, mapping)
         if not patch.create and patch.key not in mapping:
+            if patch.kind == "delete":
+                return Miss(f"{patch.where}[{patch.key!r}] is not set: nothing to delete")
             return Miss(
                 f"{patch.where}[{patch.key!r}] is not set; pass create=True to set it for the patch "
                 "(deleted again on revert)"

@@ -23,9 +23,9 @@ __all__ = ["ABSENT", "ORIGINALS", "Backup", "Installed", "Patch", "PatchSet", "T
 #: (:mod:`patchreg._stacks`, which import this module) put their reader here. ``(holder, original)``, oldest first.
 ORIGINALS: list[Callable[[Any], list[tuple[Any, Any]]]] = []
 
-Kind = Literal["replace", "wrap", "value", "item"]
+Kind = Literal["replace", "wrap", "value", "item", "delete"]
 #: Kinds whose replacement is installed as it is, never called by patchreg or required to be callable.
-VALUE_KINDS = ("value", "item")
+VALUE_KINDS = ("value", "item", "delete")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.+\-]*\Z")
 _DESCRIPTORS = (staticmethod, classmethod, property, functools.cached_property)
 
@@ -118,7 +118,7 @@ class Patch:
         return text.strip().splitlines()[0] if text.strip() else ""
 
     def __repr__(self) -> str:
-        key = f", key={self.key!r}" if self.kind == "item" else ""
+        key = f", key={self.key!r}" if self.is_item else ""
         create = ", create=True" if self.create is True else ""
         return (
             f"Patch({self.name!r}, {str(self.where)!r}, kind={self.kind!r}{key}{create}, when={_when_text(self.when)})"
@@ -126,8 +126,8 @@ class Patch:
 
     @property
     def is_item(self) -> bool:
-        """True for a mapping-item patch (``kind="item"``)."""
-        return self.kind == "item"
+        """True for a patch of one key of a mapping (``kind="item"``, or ``kind="delete"`` with a ``key``)."""
+        return self.kind == "item" or (self.kind == "delete" and self.key is not None)
 
 
 def _when_text(when: object) -> str:
@@ -141,8 +141,8 @@ def _when_text(when: object) -> str:
 
 
 def _validate(patch: Patch) -> None:
-    if patch.kind not in ("replace", "wrap", "value", "item"):
-        msg = f"Patch {patch.name!r}: unknown kind {patch.kind!r}; use 'replace', 'wrap', 'value' or 'item'."
+    if patch.kind not in ("replace", "wrap", "value", "item", "delete"):
+        msg = f"Patch {patch.name!r}: unknown kind {patch.kind!r}; use 'replace', 'wrap', 'value', 'item' or 'delete'."
         raise PatchDefinitionError(msg, patch=patch, target=patch.target)
     _validate_kind_fields(patch)
     if patch.replacement is ABSENT:
@@ -151,8 +151,15 @@ def _validate(patch: Patch) -> None:
             "a replacement or value; give the object to install."
         )
         raise PatchDefinitionError(msg, patch=patch, target=patch.target)
-    if patch.kind == "item" and patch.target == "os:environ":
-        problem = environ_problem(patch.key, patch.replacement)
+    if patch.kind == "delete" and patch.replacement is not None:
+        msg = (
+            f"Patch {patch.name!r}: a delete patch installs nothing, it removes {str(patch.where)!r}"
+            f"{'' if patch.key is None else f'[{patch.key!r}]'} for as long as it is applied; pass None as its "
+            "replacement."
+        )
+        raise PatchDefinitionError(msg, patch=patch, target=patch.target)
+    if patch.is_item and patch.target == "os:environ":
+        problem = environ_problem(patch.key, "" if patch.kind == "delete" else patch.replacement)
         if problem is not None:
             msg = f"Patch {patch.name!r}: {problem}; give os.environ a valid name and a str value."
             raise PatchDefinitionError(msg, patch=patch, target=patch.target)
@@ -190,7 +197,10 @@ def _validate_kind_fields(patch: Patch) -> None:
             "use kind='replace' or kind='value' with create=True."
         )
         raise PatchDefinitionError(msg, patch=patch, target=patch.target)
-    if patch.kind == "item":
+    if patch.create and patch.kind == "delete":
+        msg = f"Patch {patch.name!r}: a delete patch cannot create what it deletes; leave create out."
+        raise PatchDefinitionError(msg, patch=patch, target=patch.target)
+    if patch.is_item:
         try:
             hash(patch.key)
         except TypeError:
@@ -204,7 +214,7 @@ def _validate_kind_fields(patch: Patch) -> None:
             raise PatchDefinitionError(msg, patch=patch, target=patch.target)
     elif patch.key is not None:
         msg = (
-            f"Patch {patch.name!r}: key={patch.key!r} is for mapping items; use kind='item' "
+            f"Patch {patch.name!r}: key={patch.key!r} is for mapping items; use kind='item' or kind='delete' "
             f"(the target {str(patch.where)!r} is then the mapping), or leave key out."
         )
         raise PatchDefinitionError(msg, patch=patch, target=patch.target)
@@ -311,11 +321,13 @@ class Installed:
     since: float
     state: str = "active"
     address: str = ""
+    item: bool = False  # on a key of a mapping (an item patch, or a delete patch with a key)
 
     @property
     def where(self) -> str:
         """``holder.attr``, or ``mapping['key']`` for a mapping item."""
-        return f"{self.holder}[{self.attr!r}]" if self.kind == "item" else f"{self.holder}.{self.attr}"
+        item = self.item or self.kind == "item"
+        return f"{self.holder}[{self.attr!r}]" if item else f"{self.holder}.{self.attr}"
 
 
 #: What an apply, a revert or a block takes: one patch, a set, or patches.

@@ -249,6 +249,7 @@ def entry(layer: Layer, state: str | None = None) -> Installed:
         since=layer.since / 1e9,
         state=state,
         address=site.address,
+        item=site.kind == "item",
     )
 
 
@@ -397,12 +398,14 @@ class Pending:
 
     def entry(self) -> Installed:
         patch = self.patch
-        if patch.kind == "item":  # as an item's install reads: the mapping's import path, then the key
+        if patch.is_item:  # as an item's install reads: the mapping's import path, then the key
             holder, attr = str(patch.where), patch.key if isinstance(patch.key, str) else repr(patch.key)
         else:
             *owner, attr = patch.where.parts  # type: ignore[union-attr]
             holder = ".".join((self.module, *owner))  # as an install's holder reads: module, then qualname
-        return Installed(patch.name, str(patch.where), holder, attr, patch.kind, 0, self.since, "pending", holder)
+        return Installed(
+            patch.name, str(patch.where), holder, attr, patch.kind, 0, self.since, "pending", holder, patch.is_item
+        )
 
 
 class Checkpoint:

@@ -84,7 +84,7 @@ def plan_key(target: object, obj: Any) -> tuple[int, ...]:
 
 def stack_key(patch: Patch, holder: Any, attr: Any) -> tuple[int, Any]:
     """The key of the stack ``patch`` installs on: ``(holder, attribute)``, or ``(mapping, ("[]", key))`` for an item."""
-    return (identity(holder), ("[]", attr) if patch.kind == "item" else attr)
+    return (identity(holder), ("[]", attr) if patch.is_item else attr)
 
 
 class Store:
@@ -262,7 +262,7 @@ class Store:
             if stack is not None:
                 self.drop(key)
             # the death callback only records: it may run inside a locked section (gc); purge drops the stack
-            if patch.kind == "item":
+            if patch.is_item:
                 title = str(patch.where) if patch.is_global else None  # else named by path, as an instance
                 stack = Stack(holder, attr, "item", self.dead.append, key, title)
             else:

@@ -255,6 +255,8 @@ class Selector:
         found: dict[int, str] = {}
         for chunk, root in roots:
             start = _unwrap_path(chunk, self._steps[0].name, self.unwrap, root)
+            if start is None and len(self._steps) == 1:  # the one name is absent (created, or deleted by a patch)
+                start = (chunk, root)
             if start is None:
                 continue
             holders: list[tuple[Any, str]] = [start]

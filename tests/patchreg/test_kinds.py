@@ -17,6 +17,7 @@ from patchreg import (
     PatchDefinitionError,
     PatchOwnershipError,
     Registry,
+    TargetNotFoundError,
     UnpatchableTargetError,
     requires,
 )
@@ -277,3 +278,78 @@ def test_create_shadows_a_getattr_served_attribute_and_revert_uncovers_it(patch_
         assert "LAZY" not in vars(mod) and mod.LAZY == "served"
     finally:
         del sys.modules[mod.__name__]
+
+
+# -- deletion for a block (pytest's delattr / delitem / delenv) --------------------------------
+
+
+def test_delete_removes_a_module_attribute_for_a_block_and_puts_the_very_object_back(
+    patch_registry: Registry, clean: None
+) -> None:
+    """kind='delete' makes an attribute absent inside the block; the same object comes back after, users counted."""
+    p = Patch("no-flag", f"{M}:FLAG", None, kind="delete")
+    with patch_registry.patched(p) as report:
+        assert not hasattr(ks, "FLAG") and report.installed == 1
+        assert "no-flag" in patch_registry.summary() and f"{M}.FLAG" in patch_registry.summary()
+        inner = patch_registry.apply(p)
+        assert inner.installed == 0  # a second user shares it
+        patch_registry.revert(inner)
+        assert not hasattr(ks, "FLAG")
+    assert ks.FLAG is False
+
+
+def test_delete_removes_an_environment_variable_and_a_dict_key_for_a_block(
+    patch_registry: Registry, clean: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kind='delete' with key= makes a variable or a key absent inside the block; its value comes back after."""
+    monkeypatch.setenv(ENV, "old")
+    gone = Patch("no-env", "os:environ", None, kind="delete", key=ENV)
+    with patch_registry.patched(gone):
+        assert ENV not in os.environ
+        assert patch_registry.active()[0].where == f"os:environ[{ENV!r}]"
+    assert os.environ[ENV] == "old"
+    with patch_registry.patched(Patch("no-gpt", f"{M}:TABLE", None, kind="delete", key="gpt")):
+        assert "gpt" not in ks.TABLE
+    assert ks.TABLE["gpt"] is ks.HANDLER
+
+
+def test_delete_of_an_instance_attribute_through_a_selector(patch_registry: Registry) -> None:
+    """A selector's delete removes the instance's own attribute and restores it; one only inherited is a skip."""
+    model = ks.Holder()
+    config = model.config
+    with patch_registry.patched(Patch("no-config", "config", None, kind="delete"), model) as report:
+        assert "config" not in vars(model) and report.entries[0].where == "model.config"
+    assert model.config is config
+    report = patch_registry.apply(Patch("no-init", "__init__", None, kind="delete"), model)
+    assert report.installed == 0 and "own namespace" in report.skipped[0][1]
+
+
+def test_delete_of_something_absent_is_a_quiet_skip_and_strict_refuses_it(
+    patch_registry: Registry, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Nothing to delete is a skip logged nowhere (pytest's raising=False); strict=True refuses it (raising=True)."""
+    p = Patch("no-var", "os:environ", None, kind="delete", key=ENV)
+    with caplog.at_level("WARNING", logger="patchreg"):
+        report = patch_registry.apply(p)
+    assert report.installed == 0 and "nothing to delete" in report.skipped[0][1] and caplog.records == []
+    with pytest.raises(TargetNotFoundError, match="nothing to delete"):
+        patch_registry.apply(p, strict=True)
+
+
+def test_delete_conflicts_checks_ownership_and_refuses_bad_definitions(patch_registry: Registry, clean: None) -> None:
+    """A delete conflicts with a replace on the same attribute, refuses to revert over a re-set, and takes no value."""
+    delete = Patch("no-flag", f"{M}:FLAG", None, kind="delete")
+    patch_registry.apply(delete)
+    with pytest.raises(PatchConflictError):
+        patch_registry.apply(Patch("flag", f"{M}:FLAG", True, kind="value", create=True))
+    ks.FLAG = True  # someone sets it inside the block
+    with pytest.raises(PatchOwnershipError):
+        patch_registry.revert(delete)
+    del ks.FLAG
+    assert patch_registry.revert(delete) == 1 and ks.FLAG is False
+    with pytest.raises(PatchDefinitionError, match="pass None"):
+        Patch("d", f"{M}:FLAG", 1, kind="delete")
+    with pytest.raises(PatchDefinitionError, match="cannot create"):
+        Patch("d", f"{M}:FLAG", None, kind="delete", create=True)
+    with pytest.raises(PatchDefinitionError, match="environment"):
+        Patch("d", "os:environ", None, kind="delete", key="A=B")
