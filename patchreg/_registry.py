@@ -41,9 +41,11 @@ from patchreg._store import LOCK, Stack, Store, stack_key
 from patchreg._targets import Miss, Site
 from patchreg.exceptions import PatchDefinitionError, PatchError
 
-__all__ = ["Checkpoint", "Explanation", "Patched", "Registry", "Target", "decorate"]
+__all__ = ["TEST_PREFIX", "Checkpoint", "Explanation", "Patched", "Registry", "Target", "decorate"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+#: The prefix of the methods a decorated class has decorated (``unittest.mock.patch.TEST_PREFIX``'s).
+TEST_PREFIX = "test"
 T = TypeVar("T")
 _thread = threading.get_ident
 _acquire, _release = LOCK.acquire, LOCK.release  # bound once: a block pays for no method lookup
@@ -447,6 +449,10 @@ def decorate(func: F, block: Callable[[], AbstractContextManager[Any]]) -> F:
 
     A coroutine function stays one and keeps the block across its awaits; a generator function (sync
     or async) keeps it from its first step to its end, across its yields. Anything else: for the call.
+
+    A class stays a class, as with ``mock.patch``: each of its own methods whose name starts with
+    :data:`TEST_PREFIX` (``"test"``, as ``unittest.mock.patch.TEST_PREFIX``) is decorated; nothing else changes
+    (``setUp`` and helpers run unpatched).
     """
     if not callable(func):
         msg = f"decorate() takes the function to run inside the block, got {func!r}; pass a function or method."
@@ -457,6 +463,11 @@ def decorate(func: F, block: Callable[[], AbstractContextManager[Any]]) -> F:
             "'lambda: registry.patched(...)', or decorate with the block itself ('@registry.patched(...)')."
         )
         raise PatchDefinitionError(msg, target=repr(block))
+    if isinstance(func, type):
+        for name, member in list(vars(func).items()):
+            if name.startswith(TEST_PREFIX) and inspect.isfunction(member):
+                setattr(func, name, decorate(member, block))
+        return func
     if inspect.iscoroutinefunction(func):
 
         async def awaited(*args: Any, **kwargs: Any) -> Any:
