@@ -98,12 +98,16 @@ def stored_value(holder: Any, attr: str) -> Any:
     return value if value is not ABSENT else class_attr(type(holder), attr, ABSENT)
 
 
-def build(replacement: Any, how: str, kind: str, holder: Any, attr: Any, original: Any) -> Any:
-    """The object to install for a patch of kind ``how``: a value or an item as it is, a replacement bound
-    or re-wrapped as needed, a FunctionWrapper for a wrap."""
+def build(
+    replacement: Any, how: str, kind: str, holder: Any, attr: Any, original: Any, prepend: str | None = None
+) -> Any:
+    """The object to install for a patch of kind ``how``: a value or an item as it is (``prepend``: in front of the
+    str there, joined by it), a replacement bound or re-wrapped as needed, a FunctionWrapper for a wrap."""
     if how == "delete":
         return ABSENT  # what the attribute (or key) holds while the patch is applied: nothing
     if how in ("value", "item"):
+        if prepend is not None and isinstance(original, str):
+            return replacement + prepend + original
         return replacement
     if how == "wrap":
         if kind == "instance":

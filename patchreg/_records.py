@@ -84,7 +84,8 @@ class Patch:
     ``wrapt.FunctionWrapper`` calling ``replacement(wrapped, instance, args, kwargs)``;
     ``kind="value"`` installs ``replacement`` as it is, callable or not (a constant, a flag, a
     config field); ``kind="item"`` sets ``target``'s mapping (``"os:environ"``, a registry dict)
-    at ``key`` to ``replacement``. ``create=True`` lets a patch install an attribute (or a key)
+    at ``key`` to ``replacement`` (with ``prepend=os.pathsep``: in front of the value there, joined by it);
+    ``kind="delete"`` makes the attribute (or ``key``) absent while applied. ``create=True`` lets a patch install an attribute (or a key)
     that is absent, deleted again on revert; without it an absent one is a skip.
     Patches compare by identity: a patch is declared once, at module level.
     """
@@ -98,6 +99,9 @@ class Patch:
     create: bool = False
     key: Any = None
     verified: Verified | None = None  # the upstream bodies it was verified against (patchreg._drift)
+    #: an item patch's separator to put its value in front of the one there (``os.pathsep``: pytest's
+    #: ``setenv(..., prepend=os.pathsep)``); the value alone where there is none
+    prepend: str | None = None
     backup: Backup = attrs.field(init=False, factory=Backup)
     where: ImportPath | Selector = attrs.field(init=False)
 
@@ -120,6 +124,7 @@ class Patch:
     def __repr__(self) -> str:
         key = f", key={self.key!r}" if self.is_item else ""
         create = ", create=True" if self.create is True else ""
+        create += f", prepend={self.prepend!r}" if self.prepend is not None else ""
         return (
             f"Patch({self.name!r}, {str(self.where)!r}, kind={self.kind!r}{key}{create}, when={_when_text(self.when)})"
         )
@@ -195,6 +200,15 @@ def _validate_kind_fields(patch: Patch) -> None:
         msg = (
             f"Patch {patch.name!r}: a wrap patch cannot create its attribute (there is nothing to wrap); "
             "use kind='replace' or kind='value' with create=True."
+        )
+        raise PatchDefinitionError(msg, patch=patch, target=patch.target)
+    if patch.prepend is not None and (
+        patch.kind != "item" or not isinstance(patch.prepend, str) or not isinstance(patch.replacement, str)
+    ):
+        msg = (
+            f"Patch {patch.name!r}: prepend={patch.prepend!r} puts a str value in front of a mapping item's "
+            "(e.g. kind='item', key='PATH', prepend=os.pathsep); give kind='item', a str replacement and a str "
+            "separator, or leave prepend out."
         )
         raise PatchDefinitionError(msg, patch=patch, target=patch.target)
     if patch.create and patch.kind == "delete":

@@ -287,7 +287,7 @@ class Store:
             check_compatible(patch, stack, below[2].patch, f" (in registry {below[0].name!r})")
         wrapped = inherited_layer(stack, holder) if patch.kind == "wrap" and original is ABSENT else None
         kind, attr = stack.kind, stack.attr
-        value = build(patch.replacement, patch.kind, kind, holder, attr, original)
+        value = build(patch.replacement, patch.kind, kind, holder, attr, original, patch.prepend)
         layer = Layer.make(patch, stack, value, now, next(SEQUENCE), original)
         stack.layers.append(layer)  # recorded before the write: if the write raises after storing, a release restores
         ledger.layers.append(layer)

@@ -353,3 +353,29 @@ def test_delete_conflicts_checks_ownership_and_refuses_bad_definitions(patch_reg
         Patch("d", f"{M}:FLAG", None, kind="delete", create=True)
     with pytest.raises(PatchDefinitionError, match="environment"):
         Patch("d", "os:environ", None, kind="delete", key="A=B")
+
+
+def test_prepend_puts_a_value_in_front_of_an_environment_variable_for_a_block(
+    patch_registry: Registry, clean: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """prepend=os.pathsep joins the value in front of the one there (pytest's setenv prepend); the old one is back."""
+    monkeypatch.setenv(ENV, "/usr/bin")
+    p = Patch("path", "os:environ", "/opt/bin", kind="item", key=ENV, prepend=os.pathsep)
+    with patch_registry.patched(p):
+        assert os.environ[ENV] == f"/opt/bin{os.pathsep}/usr/bin"
+        assert "prepend=" in repr(p)
+    assert os.environ[ENV] == "/usr/bin"
+    monkeypatch.delenv(ENV)
+    with patch_registry.patched(Patch("path", "os:environ", "/opt/bin", kind="item", key=ENV, create=True, prepend=":")):
+        assert os.environ[ENV] == "/opt/bin"  # nothing there: the value alone
+    assert ENV not in os.environ
+
+
+def test_prepend_is_for_str_items_only() -> None:
+    """prepend on another kind, with a non-str value or a non-str separator is a PatchDefinitionError."""
+    with pytest.raises(PatchDefinitionError, match="prepend"):
+        Patch("p", f"{M}:FLAG", "x", kind="value", prepend=":")
+    with pytest.raises(PatchDefinitionError, match="prepend"):
+        Patch("p", f"{M}:TABLE", 1, kind="item", key="k", prepend=":")
+    with pytest.raises(PatchDefinitionError, match="prepend"):
+        Patch("p", f"{M}:TABLE", "x", kind="item", key="k", prepend=1)  # type: ignore[arg-type]
