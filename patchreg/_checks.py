@@ -71,7 +71,7 @@ def check_mapping(patch: Patch, mapping: Any) -> None:
             "point the target at one."
         )
         raise UnpatchableTargetError(msg, patch=patch, target=patch.target)
-    if mapping is os.environ:
+    if mapping is os.environ and patch.kind != "dict":  # (a dict patch's keys and values are checked at definition)
         problem = environ_problem(patch.key, "" if patch.kind == "delete" else patch.replacement)
         if problem is not None:
             msg = f"Patch {patch.name!r} on {str(patch.where)!r}: {problem}; give os.environ a valid name and a str value."

@@ -104,7 +104,9 @@ def build(
     """The object to install for a patch of kind ``how``: a value or an item as it is (``prepend``: in front of the
     str there, joined by it), a replacement bound or re-wrapped as needed, a FunctionWrapper for a wrap."""
     if how == "delete":
-        return ABSENT  # what the attribute (or key) holds while the patch is applied: nothing
+        return ABSENT
+    if how == "dict":  # one key of a whole-mapping patch: its value, or absent (a key cleared)
+        return replacement.get(attr, ABSENT)  # what the attribute (or key) holds while the patch is applied: nothing
     if how in ("value", "item"):
         if prepend is not None and isinstance(original, str):
             return replacement + prepend + original

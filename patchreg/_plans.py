@@ -365,10 +365,16 @@ def locate(patch: Patch, obj: Any) -> list[Site] | Miss:
     found = patch.where.resolve(obj)
     if isinstance(found, Miss):
         return found
-    sites = []
+    sites: list[Site] = []
     for holder, attr in found:
         mapping = getattr(holder, attr)
         check_mapping(patch, mapping)
+        if patch.kind == "dict":  # every key it sets, then (clear=True) every other key there now
+            keys = list(patch.replacement)
+            if patch.clear:
+                keys += [k for k in list(mapping) if k not in patch.replacement]
+            sites.extend(Site(mapping, key) for key in keys)
+            continue
         if not patch.create and patch.key not in mapping:
             if patch.kind == "delete":
                 return Miss(f"{patch.where}[{patch.key!r}] is not set: nothing to delete")

@@ -6,7 +6,7 @@ import functools
 import inspect
 import re
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Literal
 
 import attrs
@@ -23,9 +23,9 @@ __all__ = ["ABSENT", "ORIGINALS", "Backup", "Installed", "Patch", "PatchSet", "T
 #: (:mod:`patchreg._stacks`, which import this module) put their reader here. ``(holder, original)``, oldest first.
 ORIGINALS: list[Callable[[Any], list[tuple[Any, Any]]]] = []
 
-Kind = Literal["replace", "wrap", "value", "item", "delete"]
+Kind = Literal["replace", "wrap", "value", "item", "delete", "dict"]
 #: Kinds whose replacement is installed as it is, never called by patchreg or required to be callable.
-VALUE_KINDS = ("value", "item", "delete")
+VALUE_KINDS = ("value", "item", "delete", "dict")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.+\-]*\Z")
 _DESCRIPTORS = (staticmethod, classmethod, property, functools.cached_property)
 
@@ -85,7 +85,9 @@ class Patch:
     ``kind="value"`` installs ``replacement`` as it is, callable or not (a constant, a flag, a
     config field); ``kind="item"`` sets ``target``'s mapping (``"os:environ"``, a registry dict)
     at ``key`` to ``replacement`` (with ``prepend=os.pathsep``: in front of the value there, joined by it);
-    ``kind="delete"`` makes the attribute (or ``key``) absent while applied. ``create=True`` lets a patch install an attribute (or a key)
+    ``kind="delete"`` makes the attribute (or ``key``) absent while applied; ``kind="dict"`` sets every key of the
+    mapping ``replacement`` in ``target``'s mapping (``clear=True``: and makes every other key absent), as
+    ``mock.patch.dict``, each key an install of its own. ``create=True`` lets a patch install an attribute (or a key)
     that is absent, deleted again on revert; without it an absent one is a skip.
     Patches compare by identity: a patch is declared once, at module level.
     """
@@ -102,6 +104,8 @@ class Patch:
     #: an item patch's separator to put its value in front of the one there (``os.pathsep``: pytest's
     #: ``setenv(..., prepend=os.pathsep)``); the value alone where there is none
     prepend: str | None = None
+    #: a dict patch's ``clear=True``: the keys not in its values are absent too while applied (``mock.patch.dict``'s)
+    clear: bool = False
     backup: Backup = attrs.field(init=False, factory=Backup)
     where: ImportPath | Selector = attrs.field(init=False)
 
@@ -131,8 +135,8 @@ class Patch:
 
     @property
     def is_item(self) -> bool:
-        """True for a patch of one key of a mapping (``kind="item"``, or ``kind="delete"`` with a ``key``)."""
-        return self.kind == "item" or (self.kind == "delete" and self.key is not None)
+        """True for a patch of keys of a mapping (``kind="item"`` or ``"dict"``, or ``kind="delete"`` with a ``key``)."""
+        return self.kind in ("item", "dict") or (self.kind == "delete" and self.key is not None)
 
 
 def _when_text(when: object) -> str:
@@ -146,8 +150,11 @@ def _when_text(when: object) -> str:
 
 
 def _validate(patch: Patch) -> None:
-    if patch.kind not in ("replace", "wrap", "value", "item", "delete"):
-        msg = f"Patch {patch.name!r}: unknown kind {patch.kind!r}; use 'replace', 'wrap', 'value', 'item' or 'delete'."
+    if patch.kind not in ("replace", "wrap", "value", "item", "delete", "dict"):
+        msg = (
+            f"Patch {patch.name!r}: unknown kind {patch.kind!r}; use 'replace', 'wrap', 'value', 'item', 'delete' "
+            "or 'dict'."
+        )
         raise PatchDefinitionError(msg, patch=patch, target=patch.target)
     _validate_kind_fields(patch)
     if patch.replacement is ABSENT:
@@ -163,7 +170,12 @@ def _validate(patch: Patch) -> None:
             "replacement."
         )
         raise PatchDefinitionError(msg, patch=patch, target=patch.target)
-    if patch.is_item and patch.target == "os:environ":
+    if patch.kind == "dict":
+        _validate_dict(patch)
+    elif patch.clear is not False:
+        msg = f"Patch {patch.name!r}: clear= is for kind='dict' (the whole mapping); leave it out."
+        raise PatchDefinitionError(msg, patch=patch, target=patch.target)
+    if patch.is_item and patch.target == "os:environ" and patch.kind != "dict":
         problem = environ_problem(patch.key, "" if patch.kind == "delete" else patch.replacement)
         if problem is not None:
             msg = f"Patch {patch.name!r}: {problem}; give os.environ a valid name and a str value."
@@ -214,7 +226,9 @@ def _validate_kind_fields(patch: Patch) -> None:
     if patch.create and patch.kind == "delete":
         msg = f"Patch {patch.name!r}: a delete patch cannot create what it deletes; leave create out."
         raise PatchDefinitionError(msg, patch=patch, target=patch.target)
-    if patch.is_item:
+    if patch.kind == "dict":
+        pass  # its keys are the replacement's (_validate_dict)
+    elif patch.is_item:
         try:
             hash(patch.key)
         except TypeError:
@@ -232,6 +246,29 @@ def _validate_kind_fields(patch: Patch) -> None:
             f"(the target {str(patch.where)!r} is then the mapping), or leave key out."
         )
         raise PatchDefinitionError(msg, patch=patch, target=patch.target)
+
+
+def _validate_dict(patch: Patch) -> None:
+    """A dict patch: a mapping of values, no ``key``, no ``create`` (it creates what is absent), ``clear`` a bool."""
+    if not isinstance(patch.replacement, Mapping):
+        msg = (
+            f"Patch {patch.name!r}: kind='dict' takes the mapping of keys and values to set, got {patch.replacement!r}; "
+            "give a dict (empty with clear=True: the mapping empty while applied)."
+        )
+        raise PatchDefinitionError(msg, patch=patch, target=patch.target)
+    if patch.key is not None or patch.create or not isinstance(patch.clear, bool):
+        msg = (
+            f"Patch {patch.name!r}: kind='dict' sets the keys of its mapping (and creates the absent ones); leave "
+            "key and create out, and give clear as True or False."
+        )
+        raise PatchDefinitionError(msg, patch=patch, target=patch.target)
+    for key, value in patch.replacement.items():
+        if value is ABSENT:
+            msg = f"Patch {patch.name!r}: the value of {key!r} is ABSENT, patchreg's own marker; give a value."
+            raise PatchDefinitionError(msg, patch=patch, target=patch.target)
+        if patch.target == "os:environ" and (problem := environ_problem(key, value)) is not None:
+            msg = f"Patch {patch.name!r}: {problem}; give os.environ valid names and str values."
+            raise PatchDefinitionError(msg, patch=patch, target=patch.target)
 
 
 def _validate_wrapper(patch: Patch) -> None:

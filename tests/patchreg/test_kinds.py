@@ -379,3 +379,52 @@ def test_prepend_is_for_str_items_only() -> None:
         Patch("p", f"{M}:TABLE", 1, kind="item", key="k", prepend=":")
     with pytest.raises(PatchDefinitionError, match="prepend"):
         Patch("p", f"{M}:TABLE", "x", kind="item", key="k", prepend=1)  # type: ignore[arg-type]
+
+
+# -- a whole mapping for a block (mock.patch.dict) -----------------------------------------------
+
+
+def test_a_dict_patch_sets_its_keys_and_clear_empties_the_rest_for_a_block(patch_registry: Registry, clean: None) -> None:
+    """kind='dict' sets each key (creating the absent), clear=True makes the others absent; all come back as they were."""
+    before = dict(ks.TABLE)
+    values = {"gpt": "mine", "new": 1}
+    with patch_registry.patched(Patch("table", f"{ks.M}:TABLE", values, kind="dict")) as report:
+        assert ks.TABLE == {"gpt": "mine", "new": 1} and report.installed == 2
+        assert {e.where for e in report.entries} == {f"{M}:TABLE['gpt']", f"{M}:TABLE['new']"}
+    assert before == ks.TABLE and ks.TABLE["gpt"] is ks.HANDLER
+    with patch_registry.patched(Patch("only", f"{ks.M}:TABLE", {"mtp": 2}, kind="dict", clear=True)):
+        assert ks.TABLE == {"mtp": 2}
+    assert before == ks.TABLE and ks.TABLE["gpt"] is ks.HANDLER
+
+
+def test_a_dict_patch_on_environ_undoes_only_its_own_changes(
+    patch_registry: Registry, clean: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On exit a dict patch undoes its own keys only: a variable someone else set meanwhile stays (mock's is dropped)."""
+    monkeypatch.setenv(ENV, "old")
+    other = ENV + "_OTHER"
+    with patch_registry.patched(Patch("env", "os:environ", {ENV: "new"}, kind="dict")):
+        assert os.environ[ENV] == "new"
+        monkeypatch.setenv(other, "theirs")
+    assert os.environ[ENV] == "old" and os.environ[other] == "theirs"
+
+
+def test_a_dict_patch_checks_ownership_per_key_and_refuses_bad_definitions(
+    patch_registry: Registry, clean: None
+) -> None:
+    """A key changed by someone else inside the block refuses the revert; a non-mapping or key= is refused."""
+    patch = Patch("table", f"{ks.M}:TABLE", {"gpt": "mine"}, kind="dict")
+    patch_registry.apply(patch)
+    ks.TABLE["gpt"] = "theirs"
+    with pytest.raises(PatchOwnershipError):
+        patch_registry.revert(patch)
+    ks.TABLE["gpt"] = "mine"
+    assert patch_registry.revert(patch) == 1 and ks.TABLE["gpt"] is ks.HANDLER
+    with pytest.raises(PatchDefinitionError, match="mapping of keys"):
+        Patch("d", f"{ks.M}:TABLE", [("a", 1)], kind="dict")
+    with pytest.raises(PatchDefinitionError, match="leave key and create out"):
+        Patch("d", f"{ks.M}:TABLE", {}, kind="dict", key="a")
+    with pytest.raises(PatchDefinitionError, match="clear="):
+        Patch("d", f"{ks.M}:TABLE", "x", kind="item", key="a", clear=True)
+    with pytest.raises(PatchDefinitionError, match="environment"):
+        Patch("d", "os:environ", {"A": 1}, kind="dict")
