@@ -257,7 +257,7 @@ def take_plan(owner: Owner, installs: Store, plan: Plan, obj: Any, strict: bool,
         if found is None:
             return None
         ledger = Report.make(owner, plan.name, plan.skipped)
-        ledger.new_installs = installs.take_all(found[0], ledger)
+        installs.take_all(found[0], ledger)
         installs.keep_plan(plan)
     return ledger
 

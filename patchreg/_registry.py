@@ -155,7 +155,7 @@ class Registry:
         with LOCK:
             if installs.dead:
                 installs.purge()
-            ledger.new_installs = installs.take_all(work, ledger)
+            installs.take_all(work, ledger)
             if waiting:
                 installs.wait_for_import(ledger, waiting)
         return ledger

@@ -183,7 +183,8 @@ class Store:
     # -- taking users ------------------------------------------------------------------------
 
     def take_all(self, work: Iterable[tuple[Patch, Any, str]], ledger: Report) -> int:
-        """Take a user of every ``(patch, holder, attr)`` for ``ledger``; all or nothing; how many installed."""
+        """Take a user of every ``(patch, holder, attr)`` for ``ledger``; all or nothing; how many installed (added
+        to the report's count)."""
         installed = 0
         now = time.time_ns()
         try:
@@ -192,6 +193,7 @@ class Store:
         except BaseException:
             self.release(ledger)
             raise
+        ledger.new_installs += installed
         return installed
 
     def take_planned(self, owner: Owner, plan: Any) -> Report | None:
