@@ -347,7 +347,9 @@ class Patched(Generic[T]):
     def __enter__(self) -> T:
         registry, obj = self.registry, self.obj
         installs = registry._installs
-        plan = installs.plan_for(self.target, obj)  # an RL loop enters the same block on the same model
+        plan = installs.last  # an RL loop enters the same block on the same model: plan_for's first test, inline
+        if plan is None or plan.target() is not self.target or plan.obj() is not obj:  # (a Python call saved)
+            plan = installs.plan_for(self.target, obj)
         report: Report | None = None
         if plan is not None and plan.bound is not None and not (self.strict and plan.skipped) and plan.holds(obj):
             report = installs.take_planned(registry, plan)
