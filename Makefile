@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export VLLM_TARGET_DEVICE := cpu
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: env demo test test-slow test-matrix test-vllm-engine test-verl lint bench bench-quick bench-cachesim bench-designs reliability docs docs-serve clean
+.PHONY: env demo test test-slow test-matrix test-vllm-engine test-verl lint bench bench-quick bench-cachesim reliability docs docs-serve clean
 
 env: $(STAMP)
 
@@ -90,10 +90,6 @@ bench-quick: $(STAMP)
 # The after-step cycle counted under valgrind's cache simulator (counts, not times; about 35 minutes; not in CI).
 bench-cachesim: $(STAMP)
 	$(PY) -m benchmarks.cachesim
-
-# Designs of the MTP block not taken, each timed in section 1's mix in place of mtp_patched (about 2.5 minutes).
-bench-designs: $(STAMP)
-	$(PY) -m benchmarks.designs
 
 # The docs site: its own small environment (mkdocstrings reads the source statically: no torch needed),
 # the packages from pyproject.toml's `docs` extra; --strict fails on a broken link or a missing reference.

@@ -46,6 +46,54 @@ def _targets(model: Any, only: tuple[str, ...] | None = None) -> list[tuple[Any,
 # -- the cycles -----------------------------------------------------------------------------
 
 
+def _namespaces(model: Any) -> list[Any]:
+    """The model's modules (the model first), then the Python modules our sets' import-path patches target."""
+    import sys
+
+    named = {
+        str(p.where).split(":")[0] for s in (ours().MTP_DETACH_SET, *_hybrid_sets()) for p in s if ":" in str(p.where)
+    }
+    return [*model.modules(), *(sys.modules[n] for n in sorted(named) if n in sys.modules)]
+
+
+def _hybrid_sets() -> list[Any]:
+    return [v for v in vars(ours()).values() if isinstance(v, patchreg.PatchSet)]
+
+
+def installed_sites(model: Any) -> list[tuple[int, str, Any]]:
+    """``(position in the model's namespaces, attribute, what is installed)`` of every attribute ``mtp_patched`` sets
+    on ``model``, its submodules and the Python modules its sets target (found by comparing ``__dict__`` inside the
+    block with outside; for a method, its function): where and what the like-for-like peers install, on a model of the
+    same shape, whatever the shape."""
+    holders = _namespaces(model)
+    before = [dict(vars(h)) for h in holders]
+    with ours().mtp_patched(model, detach_encoder=True):
+        return [
+            (i, attr, getattr(value, "__func__", value))
+            for i, (holder, was) in enumerate(zip(holders, before, strict=True))
+            for attr, value in vars(holder).items()
+            if was.get(attr, _MISSING) is not value
+        ]
+
+
+def targets_at(model: Any, sites: list[tuple[int, str, Any]]) -> Targets:
+    """``(holder, attribute, replacement)`` on ``model`` at ``sites``: a function bound to its (instance) holder as
+    an installer by hand would bind it, anything else as it is."""
+    import types
+
+    holders = _namespaces(model)
+    return [
+        (
+            holders[i],
+            attr,
+            value.__get__(holders[i], type(holders[i]))
+            if isinstance(value, types.FunctionType) and not isinstance(holders[i], types.ModuleType)
+            else value,
+        )
+        for i, attr, value in sites
+    ]
+
+
 def probe() -> tuple[int, list[str], tuple[str, ...]]:
     """What our block installs on a fresh model of this megatron-core: (how many, the patches skipped by
     predicate, the names of those installed: what the like-for-like peers patch)."""
@@ -96,8 +144,11 @@ def _verl_cycle(verl: Any, model: Any) -> Callable[[], None]:
     return op
 
 
-def _mock_cycle(model: Any, only: tuple[str, ...] | None = None) -> Callable[[], None]:
-    targets = _targets(model, only)
+Targets = list[tuple[Any, str, Any]]
+
+
+def _mock_cycle(model: Any, only: tuple[str, ...] | None = None, targets: Targets | None = None) -> Callable[[], None]:
+    targets = _targets(model, only) if targets is None else targets
 
     def op() -> None:
         patchers = [mock.patch.object(holder, attr, new) for holder, attr, new in targets]
@@ -109,8 +160,10 @@ def _mock_cycle(model: Any, only: tuple[str, ...] | None = None) -> Callable[[],
     return op
 
 
-def _monkeypatch_cycle(model: Any, only: tuple[str, ...] | None = None) -> Callable[[], None]:
-    targets = _targets(model, only)
+def _monkeypatch_cycle(
+    model: Any, only: tuple[str, ...] | None = None, targets: Targets | None = None
+) -> Callable[[], None]:
+    targets = _targets(model, only) if targets is None else targets
 
     def op() -> None:
         mp = pytest.MonkeyPatch()
@@ -121,18 +174,18 @@ def _monkeypatch_cycle(model: Any, only: tuple[str, ...] | None = None) -> Calla
     return op
 
 
-def _wrapt_cycle(model: Any, only: tuple[str, ...] | None = None) -> Callable[[], None]:
-    targets = []
-    for holder, attr, new in _targets(model, only):
+def _wrapt_cycle(model: Any, only: tuple[str, ...] | None = None, targets: Targets | None = None) -> Callable[[], None]:
+    wrapped = []
+    for holder, attr, new in _targets(model, only) if targets is None else targets:
 
         def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any, new: Any = new) -> Any:
             return new(*args, **kwargs)
 
-        targets.append((holder, attr, wrapper))
+        wrapped.append((holder, attr, wrapper))
 
     def op() -> None:
         saved = []
-        for holder, attr, wrapper in targets:
+        for holder, attr, wrapper in wrapped:
             saved.append((holder, attr, vars(holder).get(attr, _MISSING)))
             wrapt.wrap_function_wrapper(holder, attr, wrapper)
         for holder, attr, before in reversed(saved):
@@ -154,13 +207,14 @@ def _quiet_stdout() -> Iterator[None]:
 
 
 ENGINE = "(engine alone: registry.patched(MTP_DETACH_SET, model))"
-LOCK_FLOOR = "(the store's lock, acquired and released twice as one enter + exit does: information)"
+LOCK_FLOOR = "(an RLock as the engine's, acquired and released twice as one enter + exit does: information)"
 
 
 def _lock_cycle(_model: Any) -> Callable[[], None]:
-    from patchreg._store import LOCK
+    import threading
 
-    acquire, release = LOCK.acquire, LOCK.release
+    lock = threading.RLock()  # the engine's lock is private: one of the same kind costs the same
+    acquire, release = lock.acquire, lock.release
 
     def op() -> None:
         acquire()

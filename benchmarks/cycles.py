@@ -182,7 +182,7 @@ def every_side(
 ) -> tuple[list[str], list[Callable[[Any], Callable[[], None]] | None]]:
     """Section 1's sides, in order: names and builders (a model -> one cycle; None: verl unavailable).
 
-    ``ours`` builds the first side (``benchmarks.designs`` puts a prototype there, in the same mix).
+    ``ours`` builds the first side.
     """
     names = [
         "patchreg mtp_patched",

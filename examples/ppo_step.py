@@ -13,6 +13,7 @@ per-token loss is bit-equal to that of a never-patched twin holding the same wei
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import os
@@ -68,6 +69,8 @@ def build_model() -> Any:
         hidden_dropout=0.0, attention_dropout=0.0, mtp_num_layers=2, mtp_loss_scaling_factor=0.1,
     )  # fmt: skip
     spec = get_gpt_layer_local_spec()
+    mlp = spec.submodules.mlp  # Megatron asks for the MLP's width (else a DeprecationWarning): the config's
+    spec.submodules.mlp = functools.partial(mlp, ffn_hidden_size=config.ffn_hidden_size)
     torch.manual_seed(0)
     tp_random.model_parallel_cuda_manual_seed(0)
     return GPTModel(

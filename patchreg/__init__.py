@@ -18,8 +18,9 @@ from patchreg._predicates import (
     refresh,
     requires,
 )
-from patchreg._records import ABSENT, Backup, Installed, Patch, PatchSet, Report
+from patchreg._records import ABSENT, Backup, Installed, Patch, PatchSet
 from patchreg._registry import Checkpoint, Explanation, Patched, Registry, decorate
+from patchreg._stacks import Report
 from patchreg._targets import Selector
 from patchreg.exceptions import (
     PatchConflictError,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from patchreg._records import Report
 from patchreg._registry import Patched, Registry, Target
+from patchreg._stacks import Report
 
 __all__ = ["apply", "patched", "registry", "revert"]
 

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import types
 from collections.abc import Iterable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from patchreg._namespace import ABSENT, label, stored_value
+from patchreg._namespace import ABSENT, environ_problem, label, stored_value
 from patchreg._targets import class_attr
 from patchreg.exceptions import (
     PatchConflictError,
+    PatchDefinitionError,
     PatchError,
     PatchOwnershipError,
     TargetNotFoundError,
@@ -19,9 +21,8 @@ from patchreg.exceptions import (
 )
 
 if TYPE_CHECKING:
-    from patchreg._layers import Layer
     from patchreg._records import Patch
-    from patchreg._store import InstallStack, Ledger
+    from patchreg._stacks import Layer, Report, Stack
 
 __all__ = [
     "check_compatible",
@@ -40,7 +41,7 @@ _IMMUTABLE_TYPE = 1 << 8  # Py_TPFLAGS_IMMUTABLETYPE
 
 def check_patchable(patch: Patch, holder: Any, attr: Any) -> None:
     """Refuse, before any change, what cannot be installed and restored exactly."""
-    if patch.kind == "item":
+    if patch.is_item:
         check_mapping(patch, holder)
         return
     if isinstance(holder, type) and holder.__flags__ & _IMMUTABLE_TYPE:
@@ -70,6 +71,11 @@ def check_mapping(patch: Patch, mapping: Any) -> None:
             "point the target at one."
         )
         raise UnpatchableTargetError(msg, patch=patch, target=patch.target)
+    if mapping is os.environ and patch.kind != "dict":  # (a dict patch's keys and values are checked at definition)
+        problem = environ_problem(patch.key, "" if patch.kind == "delete" else patch.replacement)
+        if problem is not None:
+            msg = f"Patch {patch.name!r} on {str(patch.where)!r}: {problem}; give os.environ a valid name and a str value."
+            raise PatchDefinitionError(msg, patch=patch, target=patch.target)
 
 
 def _check_instance_class(patch: Patch, cls: type, attr: str) -> None:
@@ -103,7 +109,7 @@ def _callable_raw(raw: Any) -> bool:
     return callable(raw) or isinstance(raw, (staticmethod, classmethod))
 
 
-def check_compatible(patch: Patch, stack: InstallStack, other: Patch | None = None, where: str = "") -> None:
+def check_compatible(patch: Patch, stack: Stack, other: Patch | None = None, where: str = "") -> None:
     """Two replaces on one attribute conflict; a replace over wraps would discard them.
 
     ``other`` is the patch on top (default: this registry's top layer on ``stack``); ``where`` names its registry.
@@ -136,7 +142,7 @@ def name_patch(exc: PatchError, patch: Patch) -> None:
         exc.target = patch.target
 
 
-def to_release(ledger: Ledger) -> list[Layer]:
+def to_release(ledger: Report) -> list[Layer]:
     """The live layers ``ledger`` still holds a user of, in release order (last taken first)."""
     taken = ledger.layers
     return [la for la in reversed(taken[: len(taken) - ledger.unwound]) if la.count > 0 and la.stack.ref() is not None]
@@ -145,7 +151,7 @@ def to_release(ledger: Ledger) -> list[Layer]:
 def check_release(layers: list[Layer]) -> None:
     """Verify every uninstall in ``layers`` can happen, in order, before any of them does."""
     counts: dict[Layer, int] = {}
-    tops: dict[InstallStack, list[Layer]] = {}
+    tops: dict[Stack, list[Layer]] = {}
     for layer in layers:
         have = counts.get(layer, layer.count)
         if have <= 0:  # its users were released already (e.g. by revert(patch)): _release skips it too
@@ -170,12 +176,6 @@ def check_release(layers: list[Layer]) -> None:
                         "of applying). Nothing was changed."
                     )
                     raise PatchOwnershipError(msg, patch=layer.patch, target=layer.patch.target)
-            if live:  # released earlier in this batch, which may still be refused: keep them
-                dependents[layer] = live
-            else:  # those layers are gone: forget them
-                del dependents[layer]
-                if not dependents:
-                    stack.dependents = None
         order = tops.get(stack)
         if order is None:
             order = tops[stack] = stack.layers[:]
@@ -244,10 +244,11 @@ def report_skips(name: str, skipped: list[tuple[str, str]], strict: bool, patche
     skipped = [(n, r) for n, r in skipped if n not in by_name or needed(by_name[n])]
     if not skipped:
         return
-    for patch_name, reason in skipped:
-        log.warning("patchreg: %s.%s skipped: %s", name, patch_name, reason)
-    if strict:
-        lines = "; ".join(f"{n}: {r}" for n, r in skipped)
-        msg = f"Patch set {name!r} applied with strict=True, but {len(skipped)} patch(es) would be skipped: {lines}."
-        first = by_name.get(skipped[0][0])  # the error is about the first of them (the message names all)
-        raise TargetNotFoundError(msg, patch=first, target=None if first is None else first.target)
+    if not strict:  # strict raises instead: one of the two is enough
+        for patch_name, reason in skipped:
+            log.warning("patchreg: %s.%s skipped: %s", name, patch_name, reason)
+        return
+    lines = "; ".join(f"{n}: {r}" for n, r in skipped)
+    msg = f"Patch set {name!r} applied with strict=True, but {len(skipped)} patch(es) would be skipped: {lines}."
+    first = by_name.get(skipped[0][0])  # the error is about the first of them (the message names all)
+    raise TargetNotFoundError(msg, patch=first, target=None if first is None else first.target)

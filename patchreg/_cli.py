@@ -383,14 +383,16 @@ def _answer(patch: Patch) -> str:
 
 def _kind_text(patch: Patch) -> str:
     """The kind, with an item's key and ``create`` when set."""
-    key = f", key {patch.key!r}" if patch.kind == "item" else ""
+    key = f", key {patch.key!r}" if patch.key is not None else ""
     create = ", created if absent (deleted on revert)" if patch.create else ""
-    return patch.kind + key + create
+    extra = f", prepended with {patch.prepend!r}" if patch.prepend is not None else ""
+    extra += ", the other keys cleared" if patch.clear else ""
+    return patch.kind + key + create + extra
 
 
 def _docstring(patch: Patch) -> str:
     """The patch's own ``doc`` under the replacement's name; the replacement's docstring when the patch has none."""
-    if patch.kind in ("value", "item"):
+    if patch.kind in ("value", "item", "delete", "dict"):
         text = patch.doc.strip() or "(no doc= given)"
         return f"value {patch.replacement!r}:\n" + "\n".join(f"    {line}".rstrip() for line in text.splitlines())
     text = patch.doc.strip() or inspect.getdoc(patch.replacement) or "(the replacement has no docstring)"

@@ -18,8 +18,9 @@ from patchreg._lazy import awaited
 from patchreg._namespace import label, own_value
 from patchreg._plans import locate
 from patchreg._predicates import distributions, provider
-from patchreg._records import Installed, Patch, entry
-from patchreg._store import LOCK, Installs, Owner, stack_key
+from patchreg._records import Installed, Patch
+from patchreg._stacks import entry
+from patchreg._store import LOCK, Store, stack_key
 from patchreg._targets import Miss, Selector, Site, identity
 from patchreg.exceptions import PatchConflictError, UnpatchableTargetError
 
@@ -38,7 +39,7 @@ class Explanation:
         return f"explain {self.name!r}:\n" + table(("patch", "holder", "would", "why"), self.rows, width=WIDTH)
 
 
-def explain(installs: Installs, name: str, patches: tuple[Patch, ...], obj: Any) -> Explanation:
+def explain(installs: Store, name: str, patches: tuple[Patch, ...], obj: Any) -> Explanation:
     """What applying ``patches`` on ``obj`` through ``installs``' registry would do now, without doing it."""
     rows = []
     for patch in patches:
@@ -46,7 +47,7 @@ def explain(installs: Installs, name: str, patches: tuple[Patch, ...], obj: Any)
     return Explanation(name, tuple(rows))
 
 
-def _explain_one(installs: Installs, patch: Patch, obj: Any) -> list[tuple[str, str, str, str]]:
+def _explain_one(installs: Store, patch: Patch, obj: Any) -> list[tuple[str, str, str, str]]:
     answer = patch.when.evaluate()
     if not answer.ok:
         return [(patch.name, "-", "skip", answer.reason)]
@@ -63,48 +64,63 @@ def _explain_one(installs: Installs, patch: Patch, obj: Any) -> list[tuple[str, 
         return [(patch.name, "-", "error", str(exc))]
     if isinstance(found, Miss):
         return [(patch.name, "-", "skip", found.reason)]
-    paths = _paths(patch.where, obj)
+    paths = _paths(patch.where, obj, patch.is_item)
     return [(patch.name, _where(patch, hit, paths), *_would_do(installs, patch, hit)) for hit in found]
 
 
 def _where(patch: Patch, hit: Site, paths: dict[int, str]) -> str:
     """How a row names the holder: by its path from the object passed where it has one, else its label."""
     name = paths.get(identity(hit.holder)) or label(hit.holder)
-    if patch.kind == "item":
+    if patch.is_item:
         return f"{patch.where}[{hit.attr!r}]" if patch.is_global else f"{name}[{hit.attr!r}]"
     return f"{name}.{hit.attr}"
 
 
-def _paths(where: object, obj: Any) -> dict[int, str]:
-    """The paths a selector's holders have from ``obj`` (by identity); none for an import path or a failed walk."""
+def _paths(where: object, obj: Any, items: bool = False) -> dict[int, str]:
+    """The paths a selector's holders have from ``obj`` (by identity); none for an import path or a failed walk.
+
+    ``items``: the paths of the mappings the selector names instead (``model.extra``), for an item patch.
+    """
     if not isinstance(where, Selector) or obj is None:
         return {}
     try:
-        return where.paths(obj)
+        paths = where.paths(obj)
+        if not items:
+            return paths
+        found = where.resolve(obj)
+        if isinstance(found, Miss):
+            return {}
+        named: dict[int, str] = {}
+        for holder, attr in found:
+            path = paths.get(identity(holder))
+            if path is not None:
+                named.setdefault(identity(getattr(holder, attr)), f"{path}.{attr}")
+        return named
     except Exception:  # user objects on the way (a property) may raise anything: the label falls back to the type
         return {}
 
 
-def name_stacks(installs: Installs, obj: Any) -> None:
+def name_stacks(installs: Store, obj: Any) -> None:
     """Name the instance stacks created since the last call by their holder's path from ``obj`` (outside the lock).
 
-    A stack keeps the name of the apply that created it: ``model.mtp.layers[0]``, ``chunks[1].module``.
+    A stack keeps the name of the apply that created it: ``model.mtp.layers[0]``, ``chunks[1].module``; the stack of
+    an item on an object's mapping, the mapping's (``model.extra``).
     """
-    with LOCK:
-        stacks, installs.unnamed = installs.unnamed, []
-    found: dict[int, dict[int, str]] = {}
+    stacks = installs.take_unnamed()
+    found: dict[tuple[int, bool], dict[int, str]] = {}
     for stack in stacks:
         holder = stack.ref()
         if holder is None or not stack.layers:
             continue
-        where = stack.layers[0].patch.where
-        paths = found.get(id(where))
+        patch = stack.layers[0].patch
+        key = (id(patch.where), patch.is_item)
+        paths = found.get(key)
         if paths is None:
-            paths = found[id(where)] = _paths(where, obj)
-        stack.path = paths.get(identity(holder))
+            paths = found[key] = _paths(patch.where, obj, key[1])
+        installs.set_path(stack, paths.get(identity(holder)))
 
 
-def _would_do(installs: Installs, patch: Patch, hit: Site) -> tuple[str, str]:
+def _would_do(installs: Store, patch: Patch, hit: Site) -> tuple[str, str]:
     """``(what, why)``: what an apply would do on one holder: share, install, conflict or error."""
     with LOCK:
         key = stack_key(patch, hit.holder, hit.attr)
@@ -115,7 +131,7 @@ def _would_do(installs: Installs, patch: Patch, hit: Site) -> tuple[str, str]:
                 if layer.patch is patch:
                     return "share", f"already installed (count {layer.count}); {_reason(patch)}"
         layers = stack.layers if mine else []  # type: ignore[union-attr]
-        current = own_value(hit.holder, hit.attr, "item" if patch.kind == "item" else "")
+        current = own_value(hit.holder, hit.attr, "item" if patch.is_item else "")
         below = installs.foreign_top(key, layers, hit.holder, current)
         try:
             if mine:
@@ -136,7 +152,7 @@ def _reason(patch: Patch) -> str:
     return patch.when.evaluate().reason
 
 
-def active(installs: Installs) -> tuple[Installed, ...]:
+def active(installs: Store) -> tuple[Installed, ...]:
     """Copies of every active install, in install order per attribute, then the lazy patches waiting."""
     with LOCK:
         installs.purge()
@@ -144,30 +160,30 @@ def active(installs: Installs) -> tuple[Installed, ...]:
         return (*live, *(p.entry() for p in installs.pending))
 
 
-def summary(owner: Owner) -> str:
+def summary(installs: Store) -> str:
     """A table of active installs, no wider than 100 columns: patch, holder (and attribute), count, state, since.
 
     The holder reads as a path from the object the installing apply was given (``model.mtp.layers[0]``)
     or a dotted name; each install's target string is in :meth:`Registry.active`'s records.
     """
     now = time.time()
-    entries = active(owner._installs)
+    entries = active(installs)
     rows = [(e.patch, e.where, str(e.count), e.state, f"{now - e.since:.1f}s ago") for e in entries]
     if not rows:
-        return f"registry {owner.name!r}: nothing active"
+        return f"registry {installs.name!r}: nothing active"
     pending = sum(1 for e in entries if e.state == "pending")
     counts = f"{len(rows) - pending} active install(s)" + (f", {pending} pending (lazy)" if pending else "")
     keep = min(max(len(r[0]) for r in rows), 30)  # patch names stay whole; the holder wraps at its dots
     headers = ("patch", "holder", "count", "state", "since")
-    return f"registry {owner.name!r}: {counts}\n" + table(headers, rows, width=WIDTH, floors=(keep, 0, 0, 0, 0))
+    return f"registry {installs.name!r}: {counts}\n" + table(headers, rows, width=WIDTH, floors=(keep, 0, 0, 0, 0))
 
 
-def fingerprint(installs: Installs) -> str:
+def fingerprint(installs: Store) -> str:
     """A stable digest of :func:`fingerprint_lines`: equal in two processes with the same patches active."""
     return hashlib.sha256("\n".join(fingerprint_lines(installs)).encode()).hexdigest()[:16]
 
 
-def fingerprint_lines(installs: Installs) -> list[str]:
+def fingerprint_lines(installs: Store) -> list[str]:
     """What the fingerprint digests, sorted: installs (no ids, paths or times), predicate answers, versions."""
     with LOCK:
         installs.purge()

@@ -1,7 +1,7 @@
 """Guards: the trace of a selector's walk on an object, and the check that a later walk would find the same.
 
 A :class:`~patchreg._plans.Plan` keeps the guards of the resolution it remembers and checks them at
-every apply (the hot path, with :mod:`patchreg._clean`): while they hold, resolving
+every apply (the hot path, with :meth:`patchreg._store.Store.take_planned`): while they hold, resolving
 again would find the same holders. They hold only weak references.
 """
 
@@ -12,7 +12,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from patchreg._targets import _NOT_INSTANCES, _UNSET, Selector, Site, _by_values, class_attr
+from patchreg._targets import NOT_INSTANCES, UNSET, Selector, Site, by_values, class_attr
 
 __all__ = ["Guards", "guard_check", "trace"]
 
@@ -35,11 +35,11 @@ def trace(selector: Selector, obj: Any) -> tuple[list[Site], Guards] | None:
     sites: list[Site] = []
     for chunk in chunks:
         holders = [chunk]
-        for step in selector._steps[:-1]:
+        for step in selector.steps[:-1]:
             nxt: list[Any] = []
             for holder in holders:
                 value = _traced_get(holder, step.name, reads)
-                if value is _UNSET:
+                if value is UNSET:
                     return None
                 items = [value]
                 for index in step.indices:
@@ -49,9 +49,9 @@ def trace(selector: Selector, obj: Any) -> tuple[list[Site], Guards] | None:
                     items = selected
                 nxt.extend(items)
             holders = nxt
-        attr = selector._steps[-1].name
+        attr = selector.steps[-1].name
         for holder in holders:  # the attribute must come from the class (its type is checked at apply)
-            if isinstance(holder, _NOT_INSTANCES) or class_attr(type(holder), attr, _UNSET) is _UNSET:
+            if isinstance(holder, NOT_INSTANCES) or class_attr(type(holder), attr, UNSET) is UNSET:
                 return None
         sites.extend(Site(holder, attr) for holder in holders)
     return sites, (tuple(reads), tuple(walks))
@@ -108,12 +108,7 @@ def guard_check(guards: Guards, obj: Any = None) -> Callable[[Any], bool]:
                     elements = list(container.values()) if how else list(iter(container))
             except Exception:  # a container's own code: any failure means resolve again
                 return False
-            if len(elements) != len(snapshot):
-                return False
-            if len(elements) == 1:
-                if elements[0] is not snapshot[0]():
-                    return False
-            elif not all(map(is_, elements, [r() for r in snapshot])):
+            if len(elements) != len(snapshot) or not all(map(is_, elements, [r() for r in snapshot])):
                 return False
         return True
 
@@ -127,7 +122,8 @@ def _always(_obj: Any) -> bool:
 def _module_chain(
     reads: tuple[tuple[Any, ...], ...], walks: tuple[tuple[Any, ...], ...], on_obj: bool
 ) -> Callable[[Any], bool] | None:
-    """:func:`guard_check`'s check, straight-line, for its common shape; None for any other.
+    """:func:`guard_check`'s check for its common shape, whatever the length of the chain or of the walk; None for
+    any other shape.
 
     The shape: a chain of reads each served from a dict in the holder's ``__dict__`` (``nn.Module._modules``),
     then one walk of the last value's ``_modules`` (``model.mtp.layers[*]``). What a resolution finds along
@@ -146,39 +142,18 @@ def _module_chain(
     first, top = reads[0][0], reads[0][1]
     classes = [cls for _h, cls, _n, _m, _v in reads[1:]] + [walked]
     steps = tuple((name, mapping, cls) for (_h, _c, name, mapping, _v), cls in zip(reads, classes, strict=True))
-    n, is_ = len(snapshot), operator.is_
+    n = len(snapshot)
     last = reads[-1][4]()
-    keys = list(vars(last).get("_modules", ())) if last is not None else []
-    if len(steps) == 2 and len(keys) == n == 1:
-        (name1, map1, cls1), (name2, map2, cls2) = steps
-        (one,), (key,) = snapshot, keys
+    modules = vars(last).get("_modules") if last is not None else None
+    if type(modules) is not dict or len(modules) != n:
+        return None
+    #: each element under the key it had: a dict lookup per element, no walk of ``.values()`` and no list built
+    #: (a dict whose keys were re-inserted in another order holds the same elements under the same keys)
+    keyed = tuple(zip(modules, snapshot, strict=True))
+    if not all(modules[key] is ref() for key, ref in keyed):
+        return None
 
-        def check_two(obj: Any) -> bool:  # model.mtp.layers[*] with one MTP layer, unrolled
-            try:
-                value = obj if on_obj else first()
-                if type(value) is not top:
-                    return False
-                ns = value.__dict__
-                if name1 in ns:
-                    return False
-                value = ns[map1][name1]
-                if type(value) is not cls1:
-                    return False
-                ns = value.__dict__
-                if name2 in ns:
-                    return False
-                value = ns[map2][name2]
-                if type(value) is not cls2:
-                    return False
-                modules = value.__dict__["_modules"]
-                element = modules.get(key)  # the one layer, under the key it had (not a walk of .values())
-                return element is one() and element is not None and len(modules) == 1
-            except Exception:  # a key gone, a dict replaced (a container's own code): resolve again
-                return False
-
-        return check_two
-
-    def check(obj: Any) -> bool:
+    def chain(obj: Any) -> bool:
         try:
             value = obj if on_obj else first()
             if type(value) is not top:
@@ -190,12 +165,18 @@ def _module_chain(
                 value = ns[mapping][name]
                 if type(value) is not cls:
                     return False
-            modules = value.__dict__["_modules"]
-            return len(modules) == n and all(map(is_, modules.values(), [r() for r in snapshot]))
+            found = value.__dict__["_modules"]
+            if len(found) != n:
+                return False
+            for key, ref in keyed:
+                element = found.get(key)
+                if element is None or element is not ref():
+                    return False
+            return True
         except Exception:  # a key gone, a dict replaced (a container's own code): resolve again
             return False
 
-    return check
+    return chain
 
 
 def _weak(obj: Any) -> Any:
@@ -211,26 +192,26 @@ def _traced_get(holder: Any, name: str, reads: list[tuple[Any, ...]]) -> Any:
     cls = type(holder)
     ns = getattr(holder, "__dict__", None)
     if type(ns) is not dict or cls.__getattribute__ is not object.__getattribute__:  # type: ignore[comparison-overlap]
-        return _UNSET
-    raw = class_attr(cls, name, _UNSET)
-    if raw is not _UNSET and (name not in ns or hasattr(type(raw), "__set__")):
-        return _UNSET  # served by the class (a property, a descriptor): not followed
+        return UNSET
+    raw = class_attr(cls, name, UNSET)
+    if raw is not UNSET and (name not in ns or hasattr(type(raw), "__set__")):
+        return UNSET  # served by the class (a property, a descriptor): not followed
     mapping = None
     if name in ns:
         value = ns[name]
     else:
-        value = getattr(holder, name, _UNSET)
-        if value is _UNSET:
-            return _UNSET
+        value = getattr(holder, name, UNSET)
+        if value is UNSET:
+            return UNSET
         for key, inner in list(ns.items()):  # a copy: another thread may install into this __dict__ meanwhile
-            if isinstance(inner, dict) and inner.get(name, _UNSET) is value:
+            if isinstance(inner, dict) and inner.get(name, UNSET) is value:
                 mapping = key
                 break
         else:
-            return _UNSET
+            return UNSET
     href, vref = _weak(holder), _weak(value)
     if href is None or vref is None:
-        return _UNSET
+        return UNSET
     if reads and reads[-1][4]() is holder:  # a chain (model.mtp.layers): the holder is the value just read
         href = None
     reads.append((href, cls, name, mapping, vref))
@@ -267,15 +248,15 @@ def _traced_select(items: list[Any], index: str, walks: list[tuple[Any, ...]]) -
     for value in items:
         if isinstance(value, (list, tuple, str, bytes)):
             return None
-        by_values = _by_values(value)
+        mapping = by_values(value)
         try:
-            elements = list(value.values() if by_values else value)
+            elements = list(value.values() if mapping else value)
         except Exception:
             return None
         cref, snapshot = _weak(value), tuple(_weak(e) for e in elements)
         if cref is None or None in snapshot:
             return None
-        how = _MODULES if _walks_modules(value, by_values, elements) else _VALUES if by_values else _ITER
+        how = _MODULES if _walks_modules(value, mapping, elements) else _VALUES if mapping else _ITER
         walks.append((cref, type(value), how, snapshot))
         if index == "*":
             selected.extend(elements)

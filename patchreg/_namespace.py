@@ -18,6 +18,7 @@ __all__ = [
     "ABSENT",
     "bind_like",
     "build",
+    "environ_problem",
     "holder_kind",
     "label",
     "own_value",
@@ -41,6 +42,18 @@ class _Absent:
 
 
 ABSENT: Any = _Absent()
+
+
+def environ_problem(key: Any, value: Any) -> str | None:
+    """Why ``os.environ[key] = value`` cannot be set (None when it can): both must be str, the name non-empty and
+    without ``=``, neither with a NUL (``os.putenv``'s rules, which would raise a bare TypeError or ValueError)."""
+    if not isinstance(key, str) or not isinstance(value, str):
+        return f"an environment variable's name and value must be str, got {key!r} = {value!r}"
+    if not key or "=" in key or "\0" in key:
+        return f"{key!r} is not an environment variable name (it must be non-empty, with no '=' and no NUL)"
+    if "\0" in value:
+        return f"the value {value!r} of environment variable {key!r} holds a NUL"
+    return None
 
 
 def holder_kind(holder: Any) -> str:
@@ -85,10 +98,18 @@ def stored_value(holder: Any, attr: str) -> Any:
     return value if value is not ABSENT else class_attr(type(holder), attr, ABSENT)
 
 
-def build(replacement: Any, how: str, kind: str, holder: Any, attr: Any, original: Any) -> Any:
-    """The object to install for a patch of kind ``how``: a value or an item as it is, a replacement bound
-    or re-wrapped as needed, a FunctionWrapper for a wrap."""
+def build(
+    replacement: Any, how: str, kind: str, holder: Any, attr: Any, original: Any, prepend: str | None = None
+) -> Any:
+    """The object to install for a patch of kind ``how``: a value or an item as it is (``prepend``: in front of the
+    str there, joined by it), a replacement bound or re-wrapped as needed, a FunctionWrapper for a wrap."""
+    if how == "delete":
+        return ABSENT
+    if how == "dict":  # one key of a whole-mapping patch: its value, or absent (a key cleared)
+        return replacement.get(attr, ABSENT)  # what the attribute (or key) holds while the patch is applied: nothing
     if how in ("value", "item"):
+        if prepend is not None and isinstance(original, str):
+            return replacement + prepend + original
         return replacement
     if how == "wrap":
         if kind == "instance":
@@ -128,8 +149,11 @@ def bind_like(value: Any, holder: Any, attr: str, original: Any) -> Any:
 
 
 def write(kind: str, holder: Any, attr: Any, value: Any) -> None:
-    """Store ``value``: into ``vars(instance)`` directly, through ``setattr`` on classes and modules, as an item."""
-    if kind == "item":
+    """Store ``value``: into ``vars(instance)`` directly, through ``setattr`` on classes and modules, as an item;
+    ``ABSENT``: delete it (a delete patch)."""
+    if value is ABSENT:
+        put_back(kind, holder, attr, ABSENT)
+    elif kind == "item":
         holder[attr] = value
     elif kind == "instance":
         vars(holder)[attr] = value
@@ -140,10 +164,16 @@ def write(kind: str, holder: Any, attr: Any, value: Any) -> None:
 def put_back(kind: str, holder: Any, attr: Any, original: Any, *, raw: bool = False) -> None:
     """Write ``original`` back (``ABSENT``: remove the attribute, or the item, if it is there).
 
-    ``raw``: past any ``__setattr__``/``__delattr__`` of a metaclass or module class (to undo a write one changed).
+    ``raw``: past any ``__setattr__``/``__delattr__`` of a metaclass or module class, or a dict subclass's
+    ``__setitem__`` (to undo a write one changed).
     """
     if kind == "item":
-        if original is ABSENT:
+        if raw and isinstance(holder, dict):  # past a dict subclass's own __setitem__ / pop
+            if original is ABSENT:
+                dict.pop(holder, attr, None)
+            else:
+                dict.__setitem__(holder, attr, original)
+        elif original is ABSENT:
             holder.pop(attr, None)
         else:
             holder[attr] = original

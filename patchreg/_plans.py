@@ -3,8 +3,8 @@
 An apply of a Patch or PatchSet on an object is resolved fully the first time (selectors walked,
 predicates evaluated, every check made); on the second apply of the same set on the same object a
 :class:`Plan` is remembered from a trace of that resolution, and later applies re-use it while its
-guards show that resolving again would find the same holders. A plan's clean installs are made by
-:mod:`patchreg._clean` (the hot path).
+guards show that resolving again would find the same holders. The store keeps the plans and makes a plan's clean
+installs in one pass (:meth:`patchreg._store.Store.take_planned`, the hot path).
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from patchreg._checks import check_mapping, check_patchable, name_patch, warn_not_found
+from patchreg._checks import check_mapping, check_patchable, name_patch, report_skips, warn_not_found
 from patchreg._guards import Guards, guard_check, trace
-from patchreg._layers import Layer, weak_or_id
-from patchreg._namespace import ABSENT, bind_like
+from patchreg._namespace import ABSENT, bind_like, label, own_value
 from patchreg._predicates import on_refresh
 from patchreg._records import Patch, PatchSet
-from patchreg._store import LOCK, REGISTRIES, Installs, InstallStack
+from patchreg._stacks import Layer, Report, weak_or_id
+from patchreg._store import LOCK, STORES, Owner, Stack, Store, plan_key
 from patchreg._targets import Miss, Site, identity
 from patchreg.exceptions import PatchError
 
@@ -31,6 +31,7 @@ __all__ = [
     "Work",
     "locate",
     "plan_key",
+    "take_plan",
     "resolve",
     "resolve_all",
 ]
@@ -51,19 +52,11 @@ def _stale_plans() -> None:
     under way when it ran does not make one: it compares the generation it began in)."""
     generation[0] += 1
     with LOCK:
-        for registry in list(REGISTRIES):
-            registry._plans.clear()
-            registry._last = None
+        for store in list(STORES):
+            store.forget_plans()
 
 
 on_refresh(_stale_plans)
-
-
-def plan_key(target: object, obj: Any) -> tuple[int, ...]:
-    """The key of a plan: the identities of the target and of the object (or each chunk)."""
-    if isinstance(obj, (list, tuple)):
-        return (identity(target), *map(identity, obj))
-    return (identity(target), identity(obj))
 
 
 def plannable(target: object, obj: Any) -> bool:
@@ -73,7 +66,7 @@ def plannable(target: object, obj: Any) -> bool:
 
 def _traced(patch: Patch, obj: Any, found: list[Site]) -> tuple[list[Site], Guards] | None:
     """A selector's trace on ``obj`` when it agrees with ``found``; None: resolve at every apply."""
-    if patch.is_global or patch.create or patch.kind == "item":
+    if patch.is_global or patch.create or patch.is_item or patch.kind == "delete":
         return None
     traced = trace(patch.where, obj)  # type: ignore[arg-type]
     if traced is None or len(traced[0]) != len(found):
@@ -106,28 +99,26 @@ class Plan:
         "key",
         "name",
         "obj",
-        "owner",
-        "plans",
         "refs",
         "skipped",
+        "store",
         "target",
     )
 
     #: every planned install, when all are: (patch, stack, holder type, the class's namespace and what it stores
     #: (:func:`_class_read`), (MRO, namespaces above) or None, bind mode, attr, replacement, what the layer holds
     #: of a plain install (its weak reference or identity), stack.layers)
-    flat: tuple[tuple[Patch, InstallStack, type, Any, Any, Any, int, str, Any, Any, list[Layer]], ...] | None
+    flat: tuple[tuple[Patch, Stack, type, Any, Any, Any, int, str, Any, Any, list[Layer]], ...] | None
     #: when every install is a method bound to its holder, on an attribute no class above shadows: per install
     #: (stack, holder type, the class's namespace, what it stores, attr, replacement, patch, stack.layers)
-    bound: tuple[tuple[InstallStack, type, Any, Any, str, Any, Patch, list[Layer]], ...] | None
+    bound: tuple[tuple[Stack, type, Any, Any, str, Any, Patch, list[Layer]], ...] | None
     skipped: tuple[tuple[str, str], ...]  # the predicate skips
     #: the guards as one check of the object applied on: True while resolving again would find the same holders
     holds: Callable[[Any], bool]
-    items: tuple[tuple[Patch, str | None, tuple[tuple[InstallStack, type, Any, int], ...] | None], ...]
+    items: tuple[tuple[Patch, str | None, tuple[tuple[Stack, type, Any, int], ...] | None], ...]
     key: tuple[int, ...]
     name: str
-    plans: dict[tuple[int, ...], Plan]
-    owner: weakref.ref[Any]  # the registry (its _last: an RL loop's plan is checked first)
+    store: weakref.ref[Store]  # the registry's store, which keeps it
     refs: tuple[weakref.ref[Any], ...]  # the target's, then each chunk's
     target: Callable[[], Any]  # refs[0]
     obj: Callable[[], Any]  # the one object's weak reference (for None: returns None; for chunks: never matches)
@@ -135,32 +126,34 @@ class Plan:
     @classmethod
     def remember(
         cls,
-        installs: Installs,
-        plans: dict[tuple[int, ...], Plan],
+        installs: Store,
         target: object,
         obj: Any,
         name: str,
         traces: list[Trace],
         gen: int,
     ) -> Plan | None:
-        """Keep a plan from the traces of an apply that just succeeded (under the lock: its sites exist); none when
-        ``refresh()`` ran since the resolution began (``gen``: the generation it began in)."""
+        """Keep a plan in ``installs`` (as the one used last) from the traces of an apply that just succeeded (under
+        the lock: its sites exist); none when ``refresh()`` ran since the resolution began (``gen``: the generation
+        it began in)."""
         if gen != generation[0]:
+            installs.keep_plan(None)
             return None
         plan = cls()
         chunks = list(obj) if isinstance(obj, (list, tuple)) else ([] if obj is None else [obj])
         try:
             plan.refs = (weakref.ref(target, plan.forget), *(weakref.ref(c, plan.forget) for c in chunks))
         except TypeError:  # an object without weak references is resolved at every apply
+            installs.keep_plan(None)
             return None
         plan.target = plan.refs[0]
         plan.obj = _no_object if obj is None else plan.refs[1] if len(chunks) == 1 and chunks[0] is obj else _not_one
-        items: list[tuple[Patch, str | None, tuple[tuple[InstallStack, type, Any, int], ...] | None]] = []
+        items: list[tuple[Patch, str | None, tuple[tuple[Stack, type, Any, int], ...] | None]] = []
         reads: list[tuple[Any, ...]] = []
         walks: list[tuple[Any, ...]] = []
         guards: list[Guards] = []
         for patch, reason, traced in traces:
-            entries: list[tuple[InstallStack, type, Any, int]] | None = None
+            entries: list[tuple[Stack, type, Any, int]] | None = None
             if traced is not None:
                 entries = []
                 for holder, attr in traced[0]:
@@ -192,18 +185,16 @@ class Plan:
             if planned and flat and all(e[6] == _METHOD and e[5] is None for e in flat)
             else None
         )
-        plan.name, plan.plans, plan.key = name, plans, plan_key(target, obj)
-        plan.owner = installs.owner  # weakly
-        plans[plan.key] = plan
+        plan.name, plan.key = name, plan_key(target, obj)
+        plan.store = weakref.ref(installs)
+        installs.keep_plan(plan)
         return plan
 
     def forget(self, _dead: object = None) -> None:
         """Drop this plan (its target or object died), also as the registry's last one (it holds classes)."""
-        if self.plans.get(self.key) is self:
-            self.plans.pop(self.key, None)
-        owner = self.owner()
-        if owner is not None and owner._last is self:
-            owner._last = None
+        store = self.store()
+        if store is not None:
+            store.forget_plan(self)
 
     def matches(self, target: object, obj: Any) -> bool:
         """True when this plan was made for ``target`` on ``obj`` (the same objects, not equal ones)."""
@@ -229,7 +220,7 @@ class Plan:
                 found = resolve(patch, obj)
                 if isinstance(found, str):
                     skipped.append((patch.name, found))
-                    if warn is None:
+                    if warn is None and patch.kind != "delete":  # nothing to delete: a no-op, as pytest's raising=False
                         warn_not_found(patch, found)
                 else:
                     work.extend((patch, holder, attr) for holder, attr in found)
@@ -242,6 +233,33 @@ class Plan:
                         check_patchable(patch, holder, attr)
                     work.append((patch, holder, attr))
         return work, skipped
+
+
+def take_plan(owner: Owner, installs: Store, plan: Plan, obj: Any, strict: bool, warn: bool | None) -> Report | None:
+    """Apply a plan whose every patch is planned; None when it turns out stale (nothing changed).
+
+    A plan whose every install is a method bound to its holder (:attr:`Plan.bound`) installs the one-pass way
+    (:meth:`Store.take_planned`) while it can; else (shared with an outer block, covered by another registry) each
+    install is taken the general way.
+    """
+    if not plan.holds(obj):
+        return None
+    if plan.skipped and (strict or warn):
+        report_skips(plan.name, list(plan.skipped), strict, [p for p, _r, _e in plan.items])
+    if plan.bound is not None:
+        ledger = installs.take_planned(owner, plan)
+        if ledger is not None:
+            return ledger
+    with LOCK:
+        if installs.dead:
+            installs.purge()
+        found = plan.work(obj)  # under the lock, as the takes: what it checked still holds when they run
+        if found is None:
+            return None
+        ledger = Report.make(owner, plan.name, plan.skipped)
+        installs.take_all(found[0], ledger)
+        installs.keep_plan(plan)
+    return ledger
 
 
 def _class_read(cls: type, attr: str) -> tuple[tuple[type, ...], tuple[Any, ...], Any, Any]:
@@ -280,7 +298,7 @@ def _not_one() -> object:
 _NEVER = object()  # what a plan made for chunks returns as its object: never the object of a one-object apply
 
 
-def _bind_mode(patch: Patch, stack: InstallStack, holder: Any) -> int:
+def _bind_mode(patch: Patch, stack: Stack, holder: Any) -> int:
     """How a planned install on an instance binds the replacement (0: not planned, use the general path)."""
     if patch.kind not in ("replace", "value") or stack.kind != "instance":
         return 0
@@ -319,7 +337,7 @@ def resolve_all(
             continue
         if isinstance(found, str):
             skipped.append((patch.name, found))
-            if warn is None:
+            if warn is None and patch.kind != "delete":  # nothing to delete: a no-op, as pytest's raising=False
                 warn_not_found(patch, found)
             if traces is not None:
                 traces.append((patch, None, None))
@@ -332,17 +350,34 @@ def resolve_all(
 
 def locate(patch: Patch, obj: Any) -> list[Site] | Miss:
     """Where ``patch`` installs on ``obj``: its target's sites (absent ones too with ``create``); for an
-    item patch, ``(mapping, key)`` for each mapping the target names."""
-    if patch.kind != "item":
-        return patch.where.resolve(obj, create=patch.create)
+    item patch, ``(mapping, key)`` for each mapping the target names. A delete patch's sites must each hold what it
+    deletes in their own namespace (or mapping): else there is nothing to delete, a skip."""
+    if not patch.is_item:
+        found = patch.where.resolve(obj, create=patch.create)
+        if patch.kind == "delete" and not isinstance(found, Miss):
+            for holder, attr in found:
+                if own_value(holder, attr) is ABSENT:
+                    return Miss(
+                        f"{label(holder)}.{attr} is not in its own namespace (inherited, or served by __getattr__): "
+                        "nothing to delete there; point the patch at the class or module that holds it"
+                    )
+        return found
     found = patch.where.resolve(obj)
     if isinstance(found, Miss):
         return found
-    sites = []
+    sites: list[Site] = []
     for holder, attr in found:
         mapping = getattr(holder, attr)
         check_mapping(patch, mapping)
+        if patch.kind == "dict":  # every key it sets, then (clear=True) every other key there now
+            keys = list(patch.replacement)
+            if patch.clear:
+                keys += [k for k in list(mapping) if k not in patch.replacement]
+            sites.extend(Site(mapping, key) for key in keys)
+            continue
         if not patch.create and patch.key not in mapping:
+            if patch.kind == "delete":
+                return Miss(f"{patch.where}[{patch.key!r}] is not set: nothing to delete")
             return Miss(
                 f"{patch.where}[{patch.key!r}] is not set; pass create=True to set it for the patch "
                 "(deleted again on revert)"

@@ -1,4 +1,4 @@
-"""The records of patchreg: Patch, PatchSet, Report, Installed, and a Patch's backup slot."""
+"""The declarations of patchreg and their read-only views: Patch, PatchSet, Installed, and a Patch's backup slot."""
 
 from __future__ import annotations
 
@@ -6,26 +6,26 @@ import functools
 import inspect
 import re
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Literal
 
 import attrs
 
-from patchreg._drift import Drift, Verified, drift
-from patchreg._format import WIDTH, wrap
-from patchreg._namespace import ABSENT
+from patchreg._drift import Verified
+from patchreg._namespace import ABSENT, environ_problem
 from patchreg._predicates import Predicate, always
 from patchreg._targets import ImportPath, Selector, identity, parse_target
 from patchreg.exceptions import PatchDefinitionError
 
-if TYPE_CHECKING:
-    from patchreg._layers import Layer
+__all__ = ["ABSENT", "ORIGINALS", "Backup", "Installed", "Patch", "PatchSet", "Target", "patches_of"]
 
-__all__ = ["ABSENT", "Backup", "Installed", "Patch", "PatchSet", "Report", "entry", "patches_of"]
+#: Where a :class:`Backup` reads the originals of a patch's live installs: the store's records
+#: (:mod:`patchreg._stacks`, which import this module) put their reader here. ``(holder, original)``, oldest first.
+ORIGINALS: list[Callable[[Any], list[tuple[Any, Any]]]] = []
 
-Kind = Literal["replace", "wrap", "value", "item"]
+Kind = Literal["replace", "wrap", "value", "item", "delete", "dict"]
 #: Kinds whose replacement is installed as it is, never called by patchreg or required to be callable.
-VALUE_KINDS = ("value", "item")
+VALUE_KINDS = ("value", "item", "delete", "dict")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.+\-]*\Z")
 _DESCRIPTORS = (staticmethod, classmethod, property, functools.cached_property)
 
@@ -46,11 +46,9 @@ class Backup:
 
     def _pairs(self) -> list[tuple[Any, Any]]:
         patch = self._patch() if self._patch is not None else None
-        if patch is None:
+        if patch is None or not ORIGINALS:
             return []
-        from patchreg._store import originals  # the store imports this module: read it at call time
-
-        return originals(patch)
+        return ORIGINALS[0](patch)
 
     def get(self, holder: Any, default: Any = None) -> Any:
         """The most recent original of ``holder`` (``ABSENT`` if it had none), or ``default``."""
@@ -86,7 +84,10 @@ class Patch:
     ``wrapt.FunctionWrapper`` calling ``replacement(wrapped, instance, args, kwargs)``;
     ``kind="value"`` installs ``replacement`` as it is, callable or not (a constant, a flag, a
     config field); ``kind="item"`` sets ``target``'s mapping (``"os:environ"``, a registry dict)
-    at ``key`` to ``replacement``. ``create=True`` lets a patch install an attribute (or a key)
+    at ``key`` to ``replacement`` (with ``prepend=os.pathsep``: in front of the value there, joined by it);
+    ``kind="delete"`` makes the attribute (or ``key``) absent while applied; ``kind="dict"`` sets every key of the
+    mapping ``replacement`` in ``target``'s mapping (``clear=True``: and makes every other key absent), as
+    ``mock.patch.dict``, each key an install of its own. ``create=True`` lets a patch install an attribute (or a key)
     that is absent, deleted again on revert; without it an absent one is a skip.
     Patches compare by identity: a patch is declared once, at module level.
     """
@@ -100,6 +101,11 @@ class Patch:
     create: bool = False
     key: Any = None
     verified: Verified | None = None  # the upstream bodies it was verified against (patchreg._drift)
+    #: an item patch's separator to put its value in front of the one there (``os.pathsep``: pytest's
+    #: ``setenv(..., prepend=os.pathsep)``); the value alone where there is none
+    prepend: str | None = None
+    #: a dict patch's ``clear=True``: the keys not in its values are absent too while applied (``mock.patch.dict``'s)
+    clear: bool = False
     backup: Backup = attrs.field(init=False, factory=Backup)
     where: ImportPath | Selector = attrs.field(init=False)
 
@@ -120,16 +126,17 @@ class Patch:
         return text.strip().splitlines()[0] if text.strip() else ""
 
     def __repr__(self) -> str:
-        key = f", key={self.key!r}" if self.kind == "item" else ""
+        key = f", key={self.key!r}" if self.is_item else ""
         create = ", create=True" if self.create is True else ""
+        create += f", prepend={self.prepend!r}" if self.prepend is not None else ""
         return (
             f"Patch({self.name!r}, {str(self.where)!r}, kind={self.kind!r}{key}{create}, when={_when_text(self.when)})"
         )
 
     @property
     def is_item(self) -> bool:
-        """True for a mapping-item patch (``kind="item"``)."""
-        return self.kind == "item"
+        """True for a patch of keys of a mapping (``kind="item"`` or ``"dict"``, or ``kind="delete"`` with a ``key``)."""
+        return self.kind in ("item", "dict") or (self.kind == "delete" and self.key is not None)
 
 
 def _when_text(when: object) -> str:
@@ -143,10 +150,36 @@ def _when_text(when: object) -> str:
 
 
 def _validate(patch: Patch) -> None:
-    if patch.kind not in ("replace", "wrap", "value", "item"):
-        msg = f"Patch {patch.name!r}: unknown kind {patch.kind!r}; use 'replace', 'wrap', 'value' or 'item'."
+    if patch.kind not in ("replace", "wrap", "value", "item", "delete", "dict"):
+        msg = (
+            f"Patch {patch.name!r}: unknown kind {patch.kind!r}; use 'replace', 'wrap', 'value', 'item', 'delete' "
+            "or 'dict'."
+        )
         raise PatchDefinitionError(msg, patch=patch, target=patch.target)
     _validate_kind_fields(patch)
+    if patch.replacement is ABSENT:
+        msg = (
+            f"Patch {patch.name!r}: ABSENT is patchreg's own marker for an attribute or key that is not there, not "
+            "a replacement or value; give the object to install."
+        )
+        raise PatchDefinitionError(msg, patch=patch, target=patch.target)
+    if patch.kind == "delete" and patch.replacement is not None:
+        msg = (
+            f"Patch {patch.name!r}: a delete patch installs nothing, it removes {str(patch.where)!r}"
+            f"{'' if patch.key is None else f'[{patch.key!r}]'} for as long as it is applied; pass None as its "
+            "replacement."
+        )
+        raise PatchDefinitionError(msg, patch=patch, target=patch.target)
+    if patch.kind == "dict":
+        _validate_dict(patch)
+    elif patch.clear is not False:
+        msg = f"Patch {patch.name!r}: clear= is for kind='dict' (the whole mapping); leave it out."
+        raise PatchDefinitionError(msg, patch=patch, target=patch.target)
+    if patch.is_item and patch.target == "os:environ" and patch.kind != "dict":
+        problem = environ_problem(patch.key, "" if patch.kind == "delete" else patch.replacement)
+        if problem is not None:
+            msg = f"Patch {patch.name!r}: {problem}; give os.environ a valid name and a str value."
+            raise PatchDefinitionError(msg, patch=patch, target=patch.target)
     if not isinstance(patch.when, Predicate):
         msg = (
             f"Patch {patch.name!r}: when={patch.when!r} is not a predicate; "
@@ -181,7 +214,21 @@ def _validate_kind_fields(patch: Patch) -> None:
             "use kind='replace' or kind='value' with create=True."
         )
         raise PatchDefinitionError(msg, patch=patch, target=patch.target)
-    if patch.kind == "item":
+    if patch.prepend is not None and (
+        patch.kind != "item" or not isinstance(patch.prepend, str) or not isinstance(patch.replacement, str)
+    ):
+        msg = (
+            f"Patch {patch.name!r}: prepend={patch.prepend!r} puts a str value in front of a mapping item's "
+            "(e.g. kind='item', key='PATH', prepend=os.pathsep); give kind='item', a str replacement and a str "
+            "separator, or leave prepend out."
+        )
+        raise PatchDefinitionError(msg, patch=patch, target=patch.target)
+    if patch.create and patch.kind == "delete":
+        msg = f"Patch {patch.name!r}: a delete patch cannot create what it deletes; leave create out."
+        raise PatchDefinitionError(msg, patch=patch, target=patch.target)
+    if patch.kind == "dict":
+        pass  # its keys are the replacement's (_validate_dict)
+    elif patch.is_item:
         try:
             hash(patch.key)
         except TypeError:
@@ -195,10 +242,33 @@ def _validate_kind_fields(patch: Patch) -> None:
             raise PatchDefinitionError(msg, patch=patch, target=patch.target)
     elif patch.key is not None:
         msg = (
-            f"Patch {patch.name!r}: key={patch.key!r} is for mapping items; use kind='item' "
+            f"Patch {patch.name!r}: key={patch.key!r} is for mapping items; use kind='item' or kind='delete' "
             f"(the target {str(patch.where)!r} is then the mapping), or leave key out."
         )
         raise PatchDefinitionError(msg, patch=patch, target=patch.target)
+
+
+def _validate_dict(patch: Patch) -> None:
+    """A dict patch: a mapping of values, no ``key``, no ``create`` (it creates what is absent), ``clear`` a bool."""
+    if not isinstance(patch.replacement, Mapping):
+        msg = (
+            f"Patch {patch.name!r}: kind='dict' takes the mapping of keys and values to set, got {patch.replacement!r}; "
+            "give a dict (empty with clear=True: the mapping empty while applied)."
+        )
+        raise PatchDefinitionError(msg, patch=patch, target=patch.target)
+    if patch.key is not None or patch.create or not isinstance(patch.clear, bool):
+        msg = (
+            f"Patch {patch.name!r}: kind='dict' sets the keys of its mapping (and creates the absent ones); leave "
+            "key and create out, and give clear as True or False."
+        )
+        raise PatchDefinitionError(msg, patch=patch, target=patch.target)
+    for key, value in patch.replacement.items():
+        if value is ABSENT:
+            msg = f"Patch {patch.name!r}: the value of {key!r} is ABSENT, patchreg's own marker; give a value."
+            raise PatchDefinitionError(msg, patch=patch, target=patch.target)
+        if patch.target == "os:environ" and (problem := environ_problem(key, value)) is not None:
+            msg = f"Patch {patch.name!r}: {problem}; give os.environ valid names and str values."
+            raise PatchDefinitionError(msg, patch=patch, target=patch.target)
 
 
 def _validate_wrapper(patch: Patch) -> None:
@@ -302,142 +372,17 @@ class Installed:
     since: float
     state: str = "active"
     address: str = ""
+    item: bool = False  # on a key of a mapping (an item patch, or a delete patch with a key)
 
     @property
     def where(self) -> str:
         """``holder.attr``, or ``mapping['key']`` for a mapping item."""
-        return f"{self.holder}[{self.attr!r}]" if self.kind == "item" else f"{self.holder}.{self.attr}"
+        item = self.item or self.kind == "item"
+        return f"{self.holder}[{self.attr!r}]" if item else f"{self.holder}.{self.attr}"
 
 
-def entry(layer: Layer, state: str | None = None) -> Installed:
-    """An :class:`Installed` copy of one of a registry's installs (its layer).
-
-    ``state="reverted"`` shows the layer as released (count 0), whoever else still uses it.
-    """
-    patch, site = layer.patch, layer.stack
-    count = 0 if state == "reverted" else layer.count
-    if state is None:
-        state = "active" if count > 0 else "reverted"
-    return Installed(
-        patch=patch.name,
-        target=str(patch.where),
-        holder=site.label,
-        attr=site.attr if isinstance(site.attr, str) else repr(site.attr),
-        kind=patch.kind,
-        count=count,
-        since=layer.since / 1e9,
-        state=state,
-        address=site.address,
-    )
-
-
-class Report:
-    """What one ``apply`` did, and the references it holds until it is reverted (once).
-
-    ``installed`` counts new installs, ``skipped`` holds ``(name, reason)`` pairs. It stays
-    readable after the block ends: ``entries`` then show count 0 and state "reverted". A Report
-    only reads: every one is a :class:`patchreg._store.Ledger`, whose fields the store writes.
-    """
-
-    __slots__ = ()
-
-    # the store's fields (patchreg._store.Ledger), read here
-    owner: Any  # the Registry
-    set_name: str
-    new_installs: int
-    skips: tuple[tuple[str, str], ...]
-    layers: list[Layer]
-    waiting: Sequence[Any]  # its lazy patches (patchreg._lazy.Pending)
-    released: bool
-    unwound: int  # how many layers, from the end, were released (an interrupted release resumes)
-
-    @property
-    def name(self) -> str:
-        """The patch set's name."""
-        return self.set_name
-
-    @property
-    def installed(self) -> int:
-        """How many installs this apply made (shared ones count 0)."""
-        return self.new_installs
-
-    @property
-    def skipped(self) -> tuple[tuple[str, str], ...]:
-        """``(patch name, reason)`` for every patch this apply skipped."""
-        return self.skips
-
-    @property
-    def entries(self) -> tuple[Installed, ...]:
-        """The installs this apply held a reference on (new or shared).
-
-        One this report released shows count 0 and state "reverted", though another user may still
-        hold it; the others show the install's count (0 and "reverted" once its last user let go).
-        """
-        ledger = self
-        live = len(ledger.layers) - ledger.unwound
-        return tuple(entry(la, None if i < live else "reverted") for i, la in enumerate(ledger.layers))
-
-    @property
-    def pending(self) -> tuple[str, ...]:
-        """Names of lazy patches still waiting for their module to be imported."""
-        return tuple(p.patch.name for p in self.waiting if p.state == "pending")
-
-    @property
-    def held(self) -> int:
-        """How many installs this apply still holds a reference on.
-
-        An install released otherwise (``revert(patch)``, ``revert_all()``: its count is 0) is not held.
-        """
-        ledger = self
-        if ledger.released:
-            return 0
-        return sum(1 for la in ledger.layers[: len(ledger.layers) - ledger.unwound] if la.count > 0)
-
-    @property
-    def reverted(self) -> bool:
-        """True once this apply's references were released: through it, or by ``revert(patch)``/``revert_all()``.
-
-        A report that took nothing (every patch skipped) is reverted only through itself.
-        """
-        ledger = self
-        if ledger.released:
-            return True
-        if self.held or self.pending:
-            return False
-        return bool(ledger.layers) or any(p.state == "cancelled" for p in ledger.waiting)
-
-    def __repr__(self) -> str:
-        return f"<Report {self.name!r}: {self.installed} installed, {self.held} held, {len(self.skipped)} skipped>"
-
-    def __str__(self) -> str:
-        state = " (reverted)" if self.reverted else ""
-        lines = [
-            f"patch set {self.name!r}{state}: {self.installed} newly installed, {self.held} held, "
-            f"{len(self.skipped)} skipped"
-        ]
-        rows = [(e.state, e.patch, f"{e.where} (count {e.count})") for e in self.entries]
-        rows += [("pending", name, "installed when its module is imported") for name in self.pending]
-        rows += [("skipped", name, reason) for name, reason in self.skipped]
-        rows += [("verified" if d.ok else "review", name, d.text) for name, d in self.drift]
-        for label, name, text in rows:  # within WIDTH columns: a long reason goes on under itself
-            lead = f"  {label:<8} {name:<24} "
-            first, *rest = wrap(text, max(WIDTH - len(lead), 40))
-            lines += [lead + first, *(" " * len(lead) + part for part in rest)]
-        return "\n".join(lines)
-
-    @property
-    def drift(self) -> tuple[tuple[str, Drift], ...]:
-        """``(patch name, Drift)`` for each patch this apply installed that declares ``verified=``.
-
-        ``Drift.ok`` is False when the upstream body is not one it was verified against: a warning
-        to review the patch (it is installed all the same).
-        """
-        seen: dict[str, Drift] = {}
-        for layer in self.layers:
-            patch = layer.patch
-            if patch.verified is not None and patch.name not in seen:
-                seen[patch.name] = drift(patch.verified, patch)
-        return tuple(seen.items())
+#: What an apply, a revert or a block takes: one patch, a set, or patches.
+Target = Patch | PatchSet | Iterable[Patch]
 
 
 def patches_of(target: object) -> tuple[str, tuple[Patch, ...]]:
@@ -446,7 +391,7 @@ def patches_of(target: object) -> tuple[str, tuple[Patch, ...]]:
         return target.name, (target,)
     if isinstance(target, PatchSet):
         return target.name, target.patches
-    if isinstance(target, Iterable) and not isinstance(target, (str, bytes, Report)):
+    if isinstance(target, Iterable) and not isinstance(target, (str, bytes)):
         items = tuple(target)  # a generator too (read once)
         if all(isinstance(p, Patch) for p in items):
             return "patches", PatchSet("patches", items).patches  # the same checks as a set (unique names)

@@ -1,46 +1,54 @@
-"""The Registry: a facade over the store, the plans and the checks.
+"""The Registry, its blocks (``with registry.patched(...)``, :class:`Patched`) and :func:`decorate`.
 
-``apply`` resolves (outside the lock: selectors and predicates are user code), then asks the store
-to take a user of each install; ``revert`` (or the end of a ``patched`` block) asks it to release
-one, and the last user's release puts back exactly what was there. Where each concept lives:
-state in :mod:`patchreg._store` (an install's record in :mod:`patchreg._layers`), raw reads and writes in
-:mod:`patchreg._namespace`, refusals in :mod:`patchreg._checks`, plans in :mod:`patchreg._plans` (their guards
-in :mod:`patchreg._guards`), the hot path (a plan's clean installs and their release) in :mod:`patchreg._clean`,
-lazy patches in :mod:`patchreg._lazy`, blocks in :mod:`patchreg._context`,
+``apply`` resolves (outside the lock: selectors and predicates are user code), then asks the store to take a user
+of each install; ``revert`` (or the end of a ``patched`` block) asks it to release one, and the last user's release
+puts back exactly what was there. Where each concept lives: state in :mod:`patchreg._store` (its records in
+:mod:`patchreg._stacks`), raw reads and writes in :mod:`patchreg._namespace`, refusals in :mod:`patchreg._checks`,
+plans in :mod:`patchreg._plans` (their guards in :mod:`patchreg._guards`), lazy patches in :mod:`patchreg._lazy`,
 introspection in :mod:`patchreg._explain`.
+
+A :class:`Patched` block can be entered again while it is active (nested, or from several threads): each thread
+exits its own enters, innermost first. Misuse never raises a bare Python error and never leaves an install without
+an owner:
+
+- a second exit of a block with nothing open is a no-op (a choice: mock's ``patch`` raises ``AttributeError`` there on
+  Python 3.11-3.13, its ``patch.dict`` does nothing);
+- an exit of a block never entered is a :class:`PatchError`;
+- an exit on a thread that has nothing open on the block while another thread does is a
+  :class:`PatchError`, and the install stays with the thread that entered (its exit, or
+  ``registry.revert(report)`` from anywhere, releases it). A block made for one call of a decorated
+  generator or coroutine is the exception: it has one enter, which its exit releases on whichever
+  thread resumed it last.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import sys
-import weakref
-from collections.abc import Iterable
-from typing import Any
+import threading
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from typing import Any, Generic, TypeVar, cast
 
 from patchreg import _explain, _lazy
-from patchreg._checks import check_release, report_skips, to_release
-from patchreg._clean import apply_planned, release
-from patchreg._context import Patched, decorate
+from patchreg._checks import report_skips
 from patchreg._explain import Explanation
-from patchreg._plans import (
-    SEEN_MAX,
-    Plan,
-    Trace,
-    Work,
-    generation,
-    locate,
-    plan_key,
-    plannable,
-    resolve_all,
-)
-from patchreg._records import Installed, Patch, PatchSet, Report, patches_of
-from patchreg._store import LOCK, REGISTRIES, Checkpoint, Installs, InstallStack, Ledger, stack_key
-from patchreg._targets import Miss, Site, identity
-from patchreg.exceptions import PatchDefinitionError
+from patchreg._plans import SEEN_MAX, Plan, Trace, Work, generation, locate, plan_key, plannable, resolve_all, take_plan
+from patchreg._records import Installed, Patch, Target, patches_of
+from patchreg._stacks import Checkpoint, Report
+from patchreg._store import LOCK, Stack, Store, stack_key
+from patchreg._targets import Miss, Site
+from patchreg.exceptions import PatchDefinitionError, PatchError
 
-__all__ = ["Checkpoint", "Explanation", "Patched", "Registry", "Target", "decorate"]
+__all__ = ["TEST_PREFIX", "Checkpoint", "Explanation", "Patched", "Registry", "Target", "decorate"]
 
-Target = Patch | PatchSet | Iterable[Patch]
+F = TypeVar("F", bound=Callable[..., Any])
+#: The prefix of the methods a decorated class has decorated (``unittest.mock.patch.TEST_PREFIX``'s).
+TEST_PREFIX = "test"
+T = TypeVar("T")
+_thread = threading.get_ident
+_acquire, _release = LOCK.acquire, LOCK.release  # bound once: a block pays for no method lookup
 
 
 class Registry:
@@ -51,15 +59,11 @@ class Registry:
     user's release puts back exactly what was there.
     """
 
-    __slots__ = ("__weakref__", "_installs", "_last", "_plans", "_seen", "name")
+    __slots__ = ("__weakref__", "_installs", "name")
 
     def __init__(self, name: str = "default") -> None:
         self.name = name
-        self._installs = Installs(self)
-        self._plans: dict[tuple[int, ...], Plan] = {}
-        self._last: Plan | None = None  # the plan used last: an RL loop re-enters the same block
-        self._seen: dict[tuple[int, ...], None] = {}  # (set, object) keys applied once, not yet planned
-        REGISTRIES.add(self)
+        self._installs = Store(self)  # all its state: installs, reports' checkpoints, lazy patches, plans
 
     # -- applying -------------------------------------------------------------------------
 
@@ -79,61 +83,47 @@ class Registry:
         The resolution of a Patch or PatchSet on an object is remembered (a plan) and re-used
         while cheap guards show that resolving again would find the same holders.
         """
+        if strict and warn is None:  # strict raises on a skip that matters: no warning about it as well
+            warn = False
         installs = self._installs
-        plan = self._last  # an RL loop enters the same block on the same model: checked first, inline
-        if plan is None or plan.target() is not target or plan.obj() is not obj:
-            plan = self._plans.get((identity(target), identity(obj)))  # another block on one object: its plan
-            if plan is not None and (plan.target() is not target or plan.obj() is not obj):
-                plan = None
-        if plan is not None and plan.flat is not None and not lazy:
-            ledger = apply_planned(self, installs, plan, obj, strict, warn)
+        plan: Plan | None = None if lazy else installs.plan_for(target, obj)
+        if plan is not None:
+            if plan.flat is not None:
+                ledger = take_plan(self, installs, plan, obj, strict, warn)
+            else:
+                found = plan.work(obj, warn)
+                ledger = None
+                if found is not None:
+                    patches = (p for p, _r, _e in plan.items)
+                    ledger = self._take_work(plan.name, *found, strict, warn, patches=patches)
+                    with LOCK:
+                        installs.keep_plan(plan)
             if ledger is not None:
-                self._last = plan
                 if installs.checkpoints or installs.unnamed:
                     self._applied(ledger, obj)
                 return ledger
-        return self._apply(target, obj, strict, warn, lazy)
+        return self._resolve(target, obj, strict, warn, lazy)
 
-    def _apply(self, target: Target, obj: Any, strict: bool, warn: bool | None, lazy: bool) -> Report:
-        """:meth:`apply` but for the last plan's fast path: another plan, or a resolution (and a plan made)."""
-        key = None
+    def _resolve(self, target: Target, obj: Any, strict: bool, warn: bool | None, lazy: bool) -> Report:
+        """:meth:`apply` without a plan: resolve, take, and (on a second apply of ``target`` on ``obj``) make one."""
         installs = self._installs
-        if not lazy:
-            key = plan_key(target, obj)
-            plan = self._plans.get(key)
-            if plan is not None and not plan.matches(target, obj):
-                plan = None
-            if plan is not None:
-                if plan.flat is not None:
-                    ledger = apply_planned(self, installs, plan, obj, strict, warn)
-                else:
-                    found = plan.work(obj, warn)
-                    ledger = (
-                        None
-                        if found is None
-                        else self._apply_work(plan.name, *found, strict, warn, patches=(p for p, _r, _e in plan.items))
-                    )
-                if ledger is not None:
-                    self._last = plan
-                    if installs.checkpoints or installs.unnamed:
-                        self._applied(ledger, obj)
-                    return ledger
         name, patches = patches_of(target)
         waiting = [p for p in patches if p.is_global and p.where.module not in sys.modules] if lazy else []  # type: ignore[union-attr]
-        traces: list[Trace] | None = [] if not lazy and self._again(key, target, obj) else None
+        plan_it = not lazy and plannable(target, obj) and installs.again(plan_key(target, obj), SEEN_MAX)
+        traces: list[Trace] | None = [] if plan_it else None
         gen = generation[0]
         todo = tuple(p for p in patches if p not in waiting) if waiting else patches
         work, skipped = resolve_all(todo, obj, traces, warn)
-        ledger = self._apply_work(name, work, skipped, strict, warn, waiting, patches)
+        ledger = self._take_work(name, work, skipped, strict, warn, waiting, patches)
         if traces is not None and not ledger.waiting:
             with LOCK:
-                self._last = Plan.remember(installs, self._plans, target, obj, name, traces, gen)
+                Plan.remember(installs, target, obj, name, traces, gen)
         _lazy.register_hooks(installs, ledger)
         if installs.checkpoints or installs.unnamed:
             self._applied(ledger, obj)
         return ledger
 
-    def _applied(self, ledger: Ledger, obj: Any) -> None:
+    def _applied(self, ledger: Report, obj: Any) -> None:
         """After an apply: note it in the live checkpoints, and name the instance stacks it made by path (a walk of
         ``obj``: user code). If that raises (an interrupt), the apply is reverted: its report never reaches the
         caller, so nothing of it may stay installed without an owner."""
@@ -147,23 +137,7 @@ class Registry:
             self.revert(ledger)
             raise
 
-    def _again(self, key: tuple[int, ...] | None, target: object, obj: Any) -> bool:
-        """Whether this apply should make a plan: only on a second apply of ``target`` on ``obj``.
-
-        An object patched once (a model built, patched and dropped) pays no tracing; the marks
-        are keys only (a reused address at worst makes one plan early) and are bounded.
-        """
-        if not plannable(target, obj):
-            return False
-        key = plan_key(target, obj) if key is None else key
-        if key in self._seen:
-            return True
-        if len(self._seen) >= SEEN_MAX:
-            self._seen.clear()
-        self._seen[key] = None
-        return False
-
-    def _apply_work(
+    def _take_work(
         self,
         name: str,
         work: list[Work],
@@ -172,18 +146,18 @@ class Registry:
         warn: bool | None,
         waiting: list[Patch] | None = None,
         patches: Iterable[Patch] = (),
-    ) -> Ledger:
+    ) -> Report:
         """Take a user of every work item (under the lock), after refusing or warning about the skips."""
         if skipped and (strict or warn):
             report_skips(name, skipped, strict, patches)
-        ledger = Ledger.make(self, name, tuple(skipped))
+        ledger = Report.make(self, name, tuple(skipped))
         installs = self._installs
         with LOCK:
             if installs.dead:
                 installs.purge()
-            ledger.new_installs = installs.take_all(work, ledger)
+            installs.take_all(work, ledger)
             if waiting:
-                _lazy.wait_for_import(installs, ledger, waiting)
+                installs.wait_for_import(ledger, waiting)
         return ledger
 
     # -- reverting ------------------------------------------------------------------------
@@ -195,29 +169,28 @@ class Registry:
         """
         installs = self._installs
         if isinstance(target, Report):
-            ledger: Ledger = target  # type: ignore[assignment]  # every Report is the store's Ledger
+            ledger = target
             if ledger.owner is not self:
                 msg = f"Report {target!r} came from registry {ledger.owner.name!r}; revert it there."
                 raise PatchDefinitionError(msg, target=target.name)
             LOCK.acquire()
             try:
-                restored: int = release(installs, ledger)
+                return installs.release(ledger)
             finally:
                 LOCK.release()
-            return restored
         name, patches = patches_of(target)
         hits = [(patch, _hits(patch, obj)) for patch in patches]  # user code (selectors): outside the lock
-        ledger = Ledger.make(self, name)
+        ledger = Report.make(self, name)
         with LOCK:
             installs.purge()
-            _lazy.cancel_patches(installs, patches)
+            installs.cancel_patches(patches)
             for patch, found in hits:
                 for stack in self._stacks_of(patch, found):
                     ledger.layers.extend(la for la in stack.layers if la.patch is patch and la.count > 0)
             ledger.layers.sort(key=lambda la: la.seq)  # released last-installed first, whatever the set's order
             return installs.release(ledger)
 
-    def _stacks_of(self, patch: Patch, found: list[Site] | None) -> list[InstallStack]:
+    def _stacks_of(self, patch: Patch, found: list[Site] | None) -> list[Stack]:
         """Our stacks that ``patch`` is on, restricted to ``found`` holders (under the lock)."""
         stacks = self._installs.stacks
         if found is None:
@@ -239,12 +212,7 @@ class Registry:
 
     def checkpoint(self) -> Checkpoint:
         """Remember this moment, for :meth:`rollback`: every apply from now on is recorded while it lives."""
-        installs = self._installs
-        with LOCK:
-            installs.purge()
-            checkpoint = Checkpoint(self, sum(len(s.layers) for s in installs.stacks.values()))
-            installs.checkpoints.append(weakref.ref(checkpoint))
-            return checkpoint
+        return self._installs.checkpoint()
 
     def rollback(self, checkpoint: Checkpoint) -> int:
         """Release every apply made since ``checkpoint`` that is not released yet, last first; return restores.
@@ -252,6 +220,7 @@ class Registry:
         All or nothing. Those applies' reports end released (a block exited later releases nothing
         again), and lazy patches of earlier applies that were installed since stay.
         """
+        installs = self._installs
         if not isinstance(checkpoint, Checkpoint):
             msg = (
                 f"rollback() takes what checkpoint() returned, got {checkpoint!r}; take one with registry.checkpoint()."
@@ -260,14 +229,7 @@ class Registry:
         if checkpoint.owner is not self:
             msg = f"Checkpoint came from registry {checkpoint.owner.name!r}; roll back there."
             raise PatchDefinitionError(msg)
-        installs = self._installs
-        with LOCK:
-            installs.purge()
-            ledgers = [r for r in reversed(checkpoint.ledgers) if not r.released]
-            check_release([la for r in ledgers for la in to_release(r)])
-            restored: int = sum(installs.release(r) for r in ledgers)
-            checkpoint.ledgers.clear()
-            return restored
+        return installs.rollback(checkpoint)
 
     def patched(self, target: Target, obj: Any = None, *, strict: bool = False) -> Patched[Report]:
         """A context manager (and decorator) that applies on entry and reverts on exit."""
@@ -309,7 +271,7 @@ class Registry:
 
     def summary(self) -> str:
         """A table of active installs: patch, target, holder, count, state, since."""
-        return _explain.summary(self)
+        return _explain.summary(self._installs)
 
     def fingerprint(self) -> str:
         """A stable digest of :meth:`fingerprint_lines`: equal in two processes with the same patches active."""
@@ -334,3 +296,205 @@ def _hits(patch: Patch, obj: Any) -> list[Site] | None:
         return None
     found = locate(patch, obj)
     return [] if isinstance(found, Miss) else found
+
+
+class Patched(Generic[T]):
+    """``with registry.patched(set, obj) as report:`` or ``@registry.patched(set)``.
+
+    A patch set's own block (``mtp_patched``) subclasses it and overrides :meth:`value` (what the ``with``
+    statement binds, from the apply's report), :meth:`open` (an enter's apply the general way), :meth:`close`
+    (after the exit reverted) and :meth:`fresh` (the block each call of a decorated function enters).
+
+    An enter whose apply of ``target`` on ``obj`` has a plan of clean installs (what a block entered once
+    per training step meets from its third enter) has the store make them in one pass (:meth:`patchreg._store.Store.take_planned`);
+    any other calls :meth:`open`. An override of :meth:`open` must therefore apply ``target`` with
+    ``strict``, on ``obj`` or on what ``obj`` wraps (a plan is only found for the object an apply was made on).
+    """
+
+    __slots__ = ("_entered", "_one_call", "_open", "obj", "registry", "strict", "target")  # no __dict__: per step
+
+    def __init__(self, registry: Registry, target: Target, obj: Any = None, strict: bool = False) -> None:
+        self.registry = registry
+        self.target = target
+        self.obj = obj
+        self.strict = strict
+        #: the enters not exited yet, in order, as (thread, report, value): each thread exits its own last one.
+        #: Made here, not at the first enter, where two threads' first enters would each make one
+        self._open: list[tuple[int, Report, T]] = []
+        self._entered = False  # once entered, an exit with nothing open is a no-op (before, a misuse)
+        self._one_call = False  # made by a decorated function for one call: its one enter may exit elsewhere
+
+    def open(self) -> Report:
+        """Apply for one enter, the general way: the report the exit reverts."""
+        return self.registry.apply(self.target, self.obj, strict=self.strict)
+
+    def value(self, report: Report) -> T:
+        """What the ``with`` statement binds for an enter whose apply returned ``report`` (default: the report)."""
+        return cast(T, report)
+
+    def close(self, value: T) -> None:
+        """Called after an exit reverted what its enter applied; ``value`` is what the enter returned."""
+
+    def fresh(self) -> Patched[T]:
+        """A new block like this one: what each call of a function decorated with this block enters."""
+        return cast(Patched[T], Patched(self.registry, self.target, self.obj, self.strict))
+
+    @property
+    def open_count(self) -> int:
+        """How many enters of this block are not exited yet, on every thread."""
+        return len(self._open)
+
+    def __enter__(self) -> T:
+        registry, obj = self.registry, self.obj
+        installs = registry._installs
+        plan = installs.last  # an RL loop enters the same block on the same model: plan_for's first test, inline
+        if plan is None or plan.target() is not self.target or plan.obj() is not obj:  # (a Python call saved)
+            plan = installs.plan_for(self.target, obj)
+        report: Report | None = None
+        if plan is not None and plan.bound is not None and not (self.strict and plan.skipped) and plan.holds(obj):
+            report = installs.take_planned(registry, plan)
+        if report is not None:
+            if installs.checkpoints or installs.unnamed:  # (Registry.apply does this for the general way)
+                registry._applied(report, obj)  # (which reverts the apply if it raises)
+        else:
+            report = self.open()
+            if not isinstance(report, Report):  # a subclass written for the hooks before value() (0.1.0)
+                _refuse_open(self, report)
+        try:
+            value = self.value(report)
+        except BaseException:
+            report.owner.revert(report)  # never an install without an owner
+            raise
+        self._entered = True
+        self._open.append((_thread(), report, value))  # list.append: atomic, whichever thread enters
+        return value
+
+    def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
+        entered = self._open
+        entry = entered[-1] if entered else None
+        if entry is None or entry[0] != _thread():  # not the common case: this thread's last enter is the last one
+            entry = self._innermost(entered)
+            if entry is None:
+                return  # a second exit: nothing is open, nothing to do (documented; mock.patch would raise)
+        report, registry = entry[1], self.registry
+        if type(report) is Report and report.owner is registry:  # registry.revert(report), inline: this block's own
+            _acquire()
+            try:
+                registry._installs.release(report)  # if this raises, the entry stays: the exit can be retried
+            finally:
+                _release()
+        else:
+            registry.revert(report)  # a subclass's open() returned another registry's report: refused there
+        entered.remove(entry)  # one C call (atomic), by identity: this very tuple
+        self.close(entry[2])
+
+    def _innermost(self, entered: list[tuple[int, Report, T]]) -> tuple[int, Report, T] | None:
+        """The enter an exit on this thread ends: its innermost one, or (misuse) a refusal; None: nothing open."""
+        key = _thread()
+        if entered:
+            for entry in reversed(entered):
+                if entry[0] == key:
+                    return entry
+            return self._misused(key, entered)
+        if self._entered:
+            return None
+        return self._misused(key, [])
+
+    def _misused(self, thread: int, entered: list[tuple[int, Report, T]]) -> tuple[int, Report, T]:
+        """An exit on ``thread``, which has nothing open here while ``entered`` is open elsewhere: whose enter
+        it exits (a decorated generator's one enter, finished on another thread), or a refusal."""
+        if not self._entered:
+            msg = (
+                f"{self!r} was exited without being entered; use it as 'with {self!r}:' (or as a decorator), "
+                "which enters it first. Nothing was changed."
+            )
+            raise PatchError(msg, target=self._name())
+        if self._one_call and len(entered) == 1:
+            return entered[0]  # a decorated generator or coroutine finished on another thread than it began
+        msg = (
+            f"{self!r} was exited on thread {thread}, which did not enter it; it is open on thread(s) "
+            f"{sorted({k for k, _r, _v in entered})}. Exit a block on the thread that entered it, or revert the "
+            "report its enter returned with registry.revert(report), which works from any thread. Nothing was "
+            "changed."
+        )
+        raise PatchError(msg, target=self._name())
+
+    def _name(self) -> str:
+        return patches_of(self.target)[0]
+
+    def __call__(self, func: F) -> F:
+        return decorate(func, self._for_one_call)
+
+    def _for_one_call(self) -> Patched[T]:
+        block = self.fresh()
+        block._one_call = True
+        return block
+
+    def __repr__(self) -> str:
+        return f"<patched {self._name()!r} via {self.registry.name!r}>"
+
+
+def _refuse_open(block: Patched[Any], opened: Any) -> None:
+    """An ``open()`` that returned something other than a Report: its apply reverted, and a PatchDefinitionError."""
+    if isinstance(opened, tuple) and opened and isinstance(opened[0], Report):
+        opened[0].owner.revert(opened[0])
+    msg = (
+        f"{type(block).__qualname__}.open() returned {type(opened).__name__}, not the Report of its apply; since "
+        "patchreg 0.2, open() returns the report and value(report) says what the with statement binds. Nothing "
+        "was left installed."
+    )
+    raise PatchDefinitionError(msg, target=block._name())
+
+
+def decorate(func: F, block: Callable[[], AbstractContextManager[Any]]) -> F:
+    """``func`` run inside a fresh ``block()`` per call (what ``@registry.patched(...)`` and ``@mtp_patched`` do).
+
+    A coroutine function stays one and keeps the block across its awaits; a generator function (sync
+    or async) keeps it from its first step to its end, across its yields. Anything else: for the call.
+
+    A class stays a class, as with ``mock.patch``: each of its own methods whose name starts with
+    :data:`TEST_PREFIX` (``"test"``, as ``unittest.mock.patch.TEST_PREFIX``) is decorated; nothing else changes
+    (``setUp`` and helpers run unpatched).
+    """
+    if not callable(func):
+        msg = f"decorate() takes the function to run inside the block, got {func!r}; pass a function or method."
+        raise PatchDefinitionError(msg, target=repr(func))
+    if isinstance(block, Patched) or not callable(block):
+        msg = (
+            f"decorate() takes a factory that makes a fresh block for each call, got {block!r}; pass "
+            "'lambda: registry.patched(...)', or decorate with the block itself ('@registry.patched(...)')."
+        )
+        raise PatchDefinitionError(msg, target=repr(block))
+    if isinstance(func, type):
+        for name, member in list(vars(func).items()):
+            if name.startswith(TEST_PREFIX) and inspect.isfunction(member):
+                setattr(func, name, decorate(member, block))
+        return func
+    if inspect.iscoroutinefunction(func):
+
+        async def awaited(*args: Any, **kwargs: Any) -> Any:
+            with block():
+                return await func(*args, **kwargs)
+
+        return functools.wraps(func)(awaited)  # type: ignore[return-value]
+    if inspect.isasyncgenfunction(func):
+
+        async def iterated_async(*args: Any, **kwargs: Any) -> Any:
+            with block():
+                async for item in func(*args, **kwargs):
+                    yield item
+
+        return functools.wraps(func)(iterated_async)  # type: ignore[return-value]
+    if inspect.isgeneratorfunction(func):
+
+        def iterated(*args: Any, **kwargs: Any) -> Any:
+            with block():
+                return (yield from func(*args, **kwargs))
+
+        return functools.wraps(func)(iterated)  # type: ignore[return-value]
+
+    def called(*args: Any, **kwargs: Any) -> Any:
+        with block():
+            return func(*args, **kwargs)
+
+    return functools.wraps(func)(called)  # type: ignore[return-value]

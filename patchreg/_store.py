@@ -1,40 +1,51 @@
 """The only mutable state of patchreg, and the only code that changes it.
 
-One lock for every registry (they all write the same namespaces), the live registries, each
-registry's installs (a stack of layers per attribute), the ledger behind every :class:`Report`,
-and checkpoints. Everything else reads this state or asks it to change: records read it (a
-Patch's backup, a Report's entries), the registry and plans ask for users to be taken and released.
+One lock for every registry (they all write the same namespaces), and per registry a :class:`Store`: its installs
+(a stack of layers per attribute), the report of every apply, its checkpoints, its lazy patches waiting for an
+import, and its plans. Everything else reads this state or asks a store to change it: records read it (a Patch's
+backup, a Report's entries), the registry, the plans and the lazy hooks ask for users to be taken and released.
+A planned apply's installs and their release have a one-pass way here (:meth:`Store.take_planned`, the fast part
+of :meth:`Store.release`): the hot path of a block entered once per training step.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import os
-import threading
 import time
+import types
 import weakref
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Iterable
+from typing import Any, Protocol
 
 from patchreg._checks import check_compatible, check_release, to_release
-from patchreg._layers import GONE, Layer, Ref
-from patchreg._namespace import ABSENT, build, holder_kind, label, put_back, same, write
-from patchreg._records import Patch, Report
+from patchreg._namespace import ABSENT, build, holder_kind, put_back, same, write
+from patchreg._records import Patch
+from patchreg._stacks import (
+    GONE,
+    LOCK,
+    STORES,
+    Checkpoint,
+    Layer,
+    Pending,
+    Ref,
+    Report,
+    Stack,
+    Strong,
+    gone,
+    inherited_layer,
+    top_owner,
+)
 from patchreg._targets import identity
 from patchreg.exceptions import PatchOwnershipError, UnpatchableTargetError
 
-if TYPE_CHECKING:
-    from patchreg._lazy import Pending
-
 __all__ = [
     "LOCK",
-    "REGISTRIES",
-    "Checkpoint",
-    "InstallStack",
-    "Installs",
-    "Ledger",
-    "originals",
+    "STORES",
+    "Stack",
+    "Owner",
+    "Store",
+    "plan_key",
     "stack_key",
     "top_owner",
 ]
@@ -50,171 +61,109 @@ def debugging() -> bool:
     return log.isEnabledFor(logging.DEBUG) if answer is None else answer
 
 
-#: One lock for every registry: they all write the same namespaces.
-LOCK = threading.RLock()
-if hasattr(os, "register_at_fork"):  # a fork waits out any apply/revert in flight; the child's lock is free
-    os.register_at_fork(before=LOCK.acquire, after_in_parent=LOCK.release, after_in_child=LOCK.release)
-
-
 class Owner(Protocol):
-    """What the store needs of a registry: its name (for messages) and its installs."""
+    """What the store needs of a registry: its name (for messages)."""
 
     name: str
-    _installs: Installs
 
 
 SEQUENCE = itertools.count()  # install order across registries (a patch's backup stacks by it)
 
-#: Every live registry (weakly): cross-registry ownership and a patch's backup look through all of them.
-REGISTRIES: weakref.WeakSet[Any] = weakref.WeakSet()
+_MethodType = types.MethodType
+_Ref = weakref.ReferenceType
+_acquire, _release = LOCK.acquire, LOCK.release  # bound once: the fast path pays for no method lookup
+_time = time.time_ns
+
+
+def plan_key(target: object, obj: Any) -> tuple[int, ...]:
+    """The key of a plan: the identities of the target and of the object (or each chunk)."""
+    if isinstance(obj, (list, tuple)):
+        return (identity(target), *map(identity, obj))
+    return (identity(target), identity(obj))
 
 
 def stack_key(patch: Patch, holder: Any, attr: Any) -> tuple[int, Any]:
     """The key of the stack ``patch`` installs on: ``(holder, attribute)``, or ``(mapping, ("[]", key))`` for an item."""
-    return (identity(holder), ("[]", attr) if patch.kind == "item" else attr)
+    return (identity(holder), ("[]", attr) if patch.is_item else attr)
 
 
-class _Strong:
-    """A strong reference with a weak reference's call: for a mapping (a dict) that has no weak references."""
+class Store:
+    """One registry's state: a :class:`Stack` per attribute, its lazy patches, its checkpoints, its plans.
 
-    __slots__ = ("obj",)
-
-    def __init__(self, obj: Any) -> None:
-        self.obj = obj
-
-    def __call__(self) -> Any:
-        return self.obj
-
-
-class InstallStack:
-    """One attribute on one holder (held weakly), or one key of a mapping, and one registry's layers on it.
-
-    ``kind``: ``"module"``, ``"class"``, ``"instance"`` or ``"item"``; layers bottom first. A mapping
-    that cannot be weakly referenced (a dict) is held strongly while the stack lives.
+    Every method that changes something runs under :data:`LOCK` (the caller holds it, unless the method says it
+    takes it). Stacks stay while their holder lives (weakly), so re-applying is cheap. Plans
+    (:class:`patchreg._plans.Plan`, a module above this one) are kept here and read through what they offer.
     """
 
-    __slots__ = ("attr", "dependents", "key", "kind", "layers", "path", "ref", "title")
-
-    def __init__(
-        self,
-        holder: Any,
-        attr: Any,
-        kind: str,
-        on_death: Callable[[Any], None],
-        key: tuple[int, Any] | None = None,
-        title: str | None = None,
-    ) -> None:
-        try:
-            self.ref: Callable[[], Any] = weakref.ref(holder, on_death)
-        except TypeError:
-            self.ref = _Strong(holder)
-        self.attr = attr
-        self.kind = kind
-        #: an instance's path from the object its first apply was given (``model.mtp.layers[0]``), once named
-        self.path: str | None = None
-        self.key = (identity(holder), attr) if key is None else key
-        self.title = title  # how an item's mapping is named (its import path), else the holder's label
-        self.layers: list[Layer] = []
-        #: our layers that others depend on: {our layer: the layers over it}; None when there are none. Over it:
-        #: another registry's layer on this attribute, or a wrap (any registry's) of this class attribute
-        #: installed on a subclass or an instance, which calls what it wrapped
-        self.dependents: dict[Layer, list[Layer]] | None = None
-
-    @property
-    def label(self) -> str:
-        """How reports and messages name the holder: an item's mapping by its title, an instance by its path
-        from the object passed (once named), else :func:`label`."""
-        if self.title is not None:
-            return self.title
-        if self.path is not None:
-            return self.path
-        holder = self.ref()
-        return "<dead object>" if holder is None else label(holder)
-
-    @property
-    def address(self) -> str:
-        """The holder's type and address (an instance), dotted name, or an item mapping's title: tells holders apart."""
-        if self.title is not None:
-            return self.title
-        holder = self.ref()
-        return "<dead object>" if holder is None else label(holder)
-
-    @property
-    def where(self) -> str:
-        """``holder.attr`` (``mapping['key']`` for an item), as messages name it."""
-        return f"{self.label}[{self.attr!r}]" if self.kind == "item" else f"{self.label}.{self.attr}"
-
-    def current(self) -> Any:
-        holder = self.ref()
-        if holder is None:
-            return ABSENT
-        if self.kind == "item":
-            return holder.get(self.attr, ABSENT)
-        return vars(holder).get(self.attr, ABSENT)
-
-
-class Ledger(Report):
-    """What one apply took: the :class:`Report` a registry hands out is its ledger.
-
-    :class:`Report` only reads these fields (its properties); the store, the plans and the lazy
-    hooks write them. One object, not a report wrapping a ledger: an apply allocates it once.
-    """
-
-    __slots__ = ("clean", "layers", "new_installs", "owner", "released", "set_name", "skips", "unwound", "waiting")
-
-    layers: list[Layer]  # the installs this apply took a user of, in order
-    waiting: Sequence[Pending]  # its lazy patches (a list made by _lazy when it has some)
-    #: every layer a planned clean install (a method bound to its holder, on an instance attribute absent
-    #: before, held by weak reference; no lazy patch): its release checks only what can have changed since
-    clean: bool
-
-    @classmethod
-    def make(cls, owner: Owner, name: str, skipped: tuple[tuple[str, str], ...] = ()) -> Ledger:
-        """An empty ledger of ``owner`` for the set ``name``. (No ``__init__``: a planned apply makes its ledger with
-        a bare ``Ledger()``, the cheapest allocation.)"""
-        self = cls()
-        self.owner = owner
-        self.set_name = name
-        self.skips = skipped
-        self.layers = []
-        self.waiting = ()
-        self.released = False
-        self.unwound = 0
-        self.new_installs = 0
-        self.clean = False
-        return self
-
-
-class Checkpoint:
-    """One moment of a registry (see :meth:`Registry.checkpoint`): the applies made since, while it lives."""
-
-    __slots__ = ("__weakref__", "installs", "ledgers", "owner")
-
-    def __init__(self, owner: Any, installs: int) -> None:
-        self.owner = owner
-        self.installs = installs  # how many installs there were (its repr); it holds none of them
-        self.ledgers: list[Ledger] = []  # the applies made since, in order
-
-    def __repr__(self) -> str:
-        return f"<Checkpoint of {self.installs} install(s) in {self.owner.name!r}>"
-
-
-class Installs:
-    """One registry's installs: an :class:`InstallStack` per attribute, its lazy patches, its checkpoints.
-
-    Every method that changes something runs under :data:`LOCK` (the caller holds it).
-    Stacks stay while their holder lives (weakly), so re-applying is cheap.
-    """
-
-    __slots__ = ("checkpoints", "dead", "owner", "pending", "stacks", "unnamed")
+    __slots__ = (
+        "__weakref__",
+        "checkpoints",
+        "dead",
+        "last",
+        "owner",
+        "pending",
+        "plans",
+        "seen",
+        "stacks",
+        "unnamed",
+    )
 
     def __init__(self, owner: Owner) -> None:
         self.owner = weakref.ref(owner)
-        self.stacks: dict[tuple[int, str], InstallStack] = {}
-        self.unnamed: list[InstallStack] = []  # new instance stacks, named by path after the apply (outside the lock)
+        self.stacks: dict[tuple[int, str], Stack] = {}
+        self.unnamed: list[Stack] = []  # new instance stacks, named by path after the apply (outside the lock)
         self.dead: list[Any] = []  # holders' death notices, purged under the lock
         self.pending: list[Pending] = []
         self.checkpoints: list[weakref.ref[Checkpoint]] = []  # live checkpoints record every apply
+        self.plans: dict[tuple[int, ...], Any] = {}  # remembered resolutions (patchreg._plans.Plan), by plan_key
+        self.last: Any = None  # the plan used last: an RL loop enters the same block on the same model
+        self.seen: dict[tuple[int, ...], None] = {}  # (set, object) keys applied once, not yet planned
+        STORES.add(self)
+
+    @property
+    def name(self) -> str:
+        """The registry's name (for messages)."""
+        owner = self.owner()
+        return "<gone>" if owner is None else owner.name
+
+    # -- plans -------------------------------------------------------------------------------
+
+    def plan_for(self, target: object, obj: Any) -> Any:
+        """The plan remembered for an apply of ``target`` on ``obj`` (the same objects), or None: the one used last
+        first (an RL loop), then the others by key."""
+        plan = self.last
+        if plan is not None and plan.target() is target and plan.obj() is obj:
+            return plan
+        plan = self.plans.get(plan_key(target, obj))
+        return plan if plan is not None and plan.matches(target, obj) else None
+
+    def keep_plan(self, plan: Any) -> None:
+        """Remember ``plan`` (under its key) as the one used last (or forget the last, for None)."""
+        if plan is not None:
+            self.plans[plan.key] = plan
+        self.last = plan
+
+    def forget_plan(self, plan: Any) -> None:
+        """Drop ``plan`` (its target or object died), also as the last one (it holds classes)."""
+        key = plan.key
+        if self.plans.get(key) is plan:
+            del self.plans[key]
+        if self.last is plan:
+            self.last = None
+
+    def forget_plans(self) -> None:
+        """Drop every plan (``refresh()``: they hold predicate answers)."""
+        self.plans.clear()
+        self.last = None
+
+    def again(self, key: tuple[int, ...], limit: int) -> bool:
+        """Whether ``key`` was applied before (then a plan is worth making); mark it otherwise (at most ``limit``)."""
+        if key in self.seen:
+            return True
+        if len(self.seen) >= limit:
+            self.seen.clear()
+        self.seen[key] = None
+        return False
 
     def purge(self) -> None:
         if self.dead:
@@ -233,8 +182,9 @@ class Installs:
 
     # -- taking users ------------------------------------------------------------------------
 
-    def take_all(self, work: Iterable[tuple[Patch, Any, str]], ledger: Ledger) -> int:
-        """Take a user of every ``(patch, holder, attr)`` for ``ledger``; all or nothing; how many installed."""
+    def take_all(self, work: Iterable[tuple[Patch, Any, str]], ledger: Report) -> int:
+        """Take a user of every ``(patch, holder, attr)`` for ``ledger``; all or nothing; how many installed (added
+        to the report's count)."""
         installed = 0
         now = time.time_ns()
         try:
@@ -243,9 +193,70 @@ class Installs:
         except BaseException:
             self.release(ledger)
             raise
+        ledger.new_installs += installed
         return installed
 
-    def take(self, patch: Patch, holder: Any, attr: str, ledger: Ledger, now: int) -> int:
+    def take_planned(self, owner: Owner, plan: Any) -> Report | None:
+        """The installs of ``plan`` (its ``bound`` is set, its guards hold) made in one pass, under the lock: their
+        report; None when one is not a clean install or the plan turned stale: nothing changed, take the general
+        way (:meth:`take_all`, or a resolution). On success the plan is the one used last.
+
+        A *clean* install: a function bound to its holder as an instance attribute the instance does not have, on
+        an attribute none of the registry's layers is on (another registry's install there is in the instance's
+        ``__dict__``, so it is not clean either).
+        """
+        ledger = Report()  # Report.make(owner, plan.name, plan.skipped), inline
+        ledger.owner = owner
+        ledger.set_name = plan.name
+        ledger.skips = plan.skipped
+        ledger.layers = layers = []
+        ledger.waiting = ()  # no lazy patch (the empty tuple: immortal, no reference counted)
+        ledger.released = False
+        ledger.unwound = 0
+        ledger.new_installs = 0
+        ledger.clean = False
+        _acquire()  # acquire/release (bound once): a third of what a with statement costs here
+        try:
+            if self.dead:
+                self.purge()
+            now = _time()
+            seq = next(SEQUENCE)
+            for stack, cls, view, raw, attr, replacement, patch, layers_on in plan.bound:
+                holder = stack.ref()
+                if type(holder) is not cls or view.get(attr, ABSENT) is not raw:  # died, class swapped, or the
+                    break  # class's attribute changed (deleted, replaced): stale
+                ns = holder.__dict__
+                if layers_on or attr in ns:  # shared with an outer block, covered, or the instance has its own
+                    break
+                value = ns[attr] = _MethodType(replacement, holder)
+                layer = Layer()  # Layer.make(patch, stack, value, now, seq, ABSENT), inline
+                layer.patch = patch
+                layer.stack = stack
+                layer.count = 1
+                layer.since = now
+                layer.seq = seq  # one per apply: its clean installs are on distinct attributes, so never compared
+                layer.original = ABSENT
+                layer.installed = _Ref(value)
+                layers_on.append(layer)
+                layers.append(layer)
+            else:
+                ledger.new_installs = len(layers)
+                ledger.clean = True
+                self.last = plan
+            if not ledger.clean:  # put back the clean installs made so far (exactly): the caller goes the general way
+                self.release(ledger)
+                return None
+        except BaseException:
+            self.release(ledger)
+            raise
+        finally:
+            _release()
+        if _LEVELS.get(_DEBUG) is not False and debugging():  # logging's cached answer, else asked
+            for layer in layers:
+                log.debug("patchreg: installed %s on %s", layer.patch.name, layer.stack.where)
+        return ledger
+
+    def take(self, patch: Patch, holder: Any, attr: str, ledger: Report, now: int) -> int:
         """Count a user of ``patch`` on ``holder.attr``, installing it if it is the first; 1 if installed."""
         key = stack_key(patch, holder, attr)
         stack = self.stacks.get(key)
@@ -253,14 +264,14 @@ class Installs:
             if stack is not None:
                 self.drop(key)
             # the death callback only records: it may run inside a locked section (gc); purge drops the stack
-            if patch.kind == "item":
-                title = str(patch.where) if patch.is_global else None
-                stack = InstallStack(holder, attr, "item", self.dead.append, key, title)
+            if patch.is_item:
+                title = str(patch.where) if patch.is_global else None  # else named by path, as an instance
+                stack = Stack(holder, attr, "item", self.dead.append, key, title)
             else:
-                stack = InstallStack(holder, attr, holder_kind(holder), self.dead.append)
+                stack = Stack(holder, attr, holder_kind(holder), self.dead.append)
             self.stacks[key] = stack
-            if stack.kind == "instance":
-                self.unnamed.append(stack)
+            if stack.kind == "instance" or (stack.kind == "item" and stack.title is None):
+                self.unnamed.append(stack)  # named by its path from the object after the apply
         elif stack.layers:
             for layer in stack.layers:
                 if layer.patch is patch:
@@ -271,14 +282,14 @@ class Installs:
         self._install(patch, stack, holder, ledger, now)
         return 1
 
-    def _install(self, patch: Patch, stack: InstallStack, holder: Any, ledger: Ledger, now: int) -> None:
+    def _install(self, patch: Patch, stack: Stack, holder: Any, ledger: Report, now: int) -> None:
         original = stack.current()
         below = self.foreign_top(stack.key, stack.layers, holder, original)
         if below is not None and below[2].patch is not patch:  # the same patch stacks, as in one registry
             check_compatible(patch, stack, below[2].patch, f" (in registry {below[0].name!r})")
         wrapped = inherited_layer(stack, holder) if patch.kind == "wrap" and original is ABSENT else None
         kind, attr = stack.kind, stack.attr
-        value = build(patch.replacement, patch.kind, kind, holder, attr, original)
+        value = build(patch.replacement, patch.kind, kind, holder, attr, original, patch.prepend)
         layer = Layer.make(patch, stack, value, now, next(SEQUENCE), original)
         stack.layers.append(layer)  # recorded before the write: if the write raises after storing, a release restores
         ledger.layers.append(layer)
@@ -291,15 +302,21 @@ class Installs:
             msg = f"Cannot set {stack.where} for patch {patch.name!r}: {exc}. Patch the code that uses it instead."
             raise UnpatchableTargetError(msg, patch=patch, target=patch.target) from exc
         stored = stack.current()
-        if not same(kind, stored, value):  # a __setattr__ (a metaclass's, a module's) stored something else
+        if not same(kind, stored, value):  # a __setattr__ (a metaclass's, a module's) or __setitem__ stored another
             put_back(kind, holder, attr, original, raw=True)
-            if same(kind, stack.current(), original):
-                stack.layers.pop()
-                ledger.layers.pop()
+            stack.layers.pop()  # never kept: nothing of this install may stay registered
+            ledger.layers.pop()
+            how = "a custom __setitem__" if kind == "item" else "a custom __setattr__"
+            back = stack.current()
+            after = (
+                "Nothing was changed"
+                if same(kind, back, original)
+                else f"It now holds {back!r}, which putting back the original {original!r} stored; check it"
+            )
             msg = (
                 f"Cannot patch {stack.where} (patch {patch.name!r}): setting it stored {stored!r} instead "
-                "of the replacement (a custom __setattr__), so patchreg could not tell its install from someone "
-                "else's or restore exactly. Nothing was changed; patch the code that uses it instead."
+                f"of the replacement ({how}), so patchreg could not tell its install from someone "
+                f"else's or restore exactly. {after}; patch the code that uses it instead."
             )
             raise UnpatchableTargetError(msg, patch=patch, target=patch.target)
         if below is not None:  # the other registry's layer is covered: its revert must wait for ours
@@ -311,12 +328,12 @@ class Installs:
 
     def foreign_top(
         self, key: tuple[int, str], layers: list[Layer], holder: Any, current: Any
-    ) -> tuple[Owner, InstallStack, Layer] | None:
+    ) -> tuple[Store, Stack, Layer] | None:
         """Another registry's live layer that installed ``current`` on this attribute (the topmost), if any.
 
         ``layers``: this registry's on the attribute (``key``), bottom first.
         """
-        if len(REGISTRIES) < 2:
+        if len(STORES) < 2:
             return None
         mine = layers[-1] if layers else None
         found = top_owner(key, holder, current, skip=self)
@@ -326,12 +343,43 @@ class Installs:
 
     # -- releasing users ---------------------------------------------------------------------
 
-    def release(self, ledger: Ledger) -> int:
+    def release(self, ledger: Report) -> int:
         """Drop one user per layer of ``ledger`` (last taken first); all or nothing; how many restored.
 
-        The general way, for every case; a block's exit and ``Registry.revert(report)`` try
-        :func:`patchreg._clean.release` first.
+        In one pass for a clean report (:meth:`take_planned`'s) whose every layer is still alone on its attribute
+        with one user and holds what it installed there; else the general way, for every case.
         """
+        if ledger.clean and not ledger.unwound and not ledger.released and _LEVELS.get(_DEBUG) is False:
+            taken = ledger.layers
+            for layer in taken:  # all checked before any is put back (all or nothing)
+                stack = layer.stack
+                mine = layer.installed()  # a method bound to the holder: its __self__ is the holder
+                if (
+                    mine is None
+                    or layer.count != 1
+                    or stack.dependents is not None
+                    or len(stack.layers) != 1
+                    or mine.__self__.__dict__.get(stack.attr) is not mine
+                ):
+                    break  # one is not as installed: the general way says what to do
+            else:
+                n = i = len(taken)
+                while i:  # last taken first; an index, no iterator to allocate
+                    i -= 1
+                    layer = taken[i]
+                    stack = layer.stack
+                    holder = stack.ref()
+                    if holder is not None:  # (collected since the check: gone with it)
+                        holder.__dict__.pop(stack.attr, None)
+                    stack.layers.pop()
+                    layer.count = 0
+                    ledger.unwound = n - i  # a retry after an interrupt releases only the rest
+                ledger.released = True
+                return n
+        return self._release(ledger)
+
+    def _release(self, ledger: Report) -> int:
+        """:meth:`release`, the general way."""
         if ledger.released:
             return 0
         taken = ledger.layers
@@ -366,6 +414,8 @@ class Installs:
                         stack.layers.pop()
                     else:
                         uninstall(layer, debug)
+                        if not stack.layers and type(stack.ref) is Strong:
+                            self.let_go(stack)
                     restored += 1
                 layer.count = 0
             elif layer.count > 0:
@@ -383,9 +433,86 @@ class Installs:
         for layer in layers:
             uninstall(layer)
             layer.count = 0
+            if not layer.stack.layers and type(layer.stack.ref) is Strong:
+                self.let_go(layer.stack)
         return len(layers)
 
-    def record(self, ledger: Ledger) -> None:
+    def let_go(self, stack: Stack) -> None:
+        """Forget a stack that holds its mapping strongly once its last layer is gone: neither the stack nor a
+        report that still reads its layers keeps the mapping (and what it refers to) alive. Its name stays."""
+        stack.title = stack.label
+        stack.ref = gone
+        self.dead.append(None)  # purged with the dead holders' stacks
+
+    # -- lazy patches, checkpoints, names -------------------------------------------------------
+
+    def wait_for_import(self, ledger: Report, waiting: list[Patch]) -> None:
+        """Make ``waiting`` lazy patches of ``ledger``: each installs when its module is imported."""
+        ledger.waiting = [Pending(p, ledger) for p in waiting]
+        self.pending.extend(ledger.waiting)
+
+    def take_on_import(
+        self, pending: Pending, work: list[tuple[Patch, Any, str]], skipped: list[tuple[str, str]]
+    ) -> bool:
+        """Install a lazy patch whose module was just imported (``work``: its resolution then), for its apply's
+        report; False when it was cancelled meanwhile. A failure releases only what this patch took."""
+        if pending.state != "pending":
+            return False
+        self.pending.remove(pending)
+        pending.state = "skipped: " + skipped[0][1] if skipped else "installed"
+        ledger = pending.ledger
+        ledger.skips = (*ledger.skips, *skipped)  # the apply's report says so too
+        taken = Report.make(ledger.owner, ledger.set_name)
+        try:
+            self.take_all(work, taken)
+        except Exception as exc:
+            pending.state = f"failed: {exc}"
+            raise
+        ledger.layers.extend(taken.layers)
+        return True
+
+    def failed_on_import(self, pending: Pending, exc: BaseException) -> None:
+        """Note that a lazy patch's install on import failed (it waits no more)."""
+        with LOCK:
+            if pending in self.pending:
+                self.pending.remove(pending)
+            pending.state = f"failed: {exc}"
+
+    def cancel_patches(self, patches: Iterable[Patch]) -> None:
+        """Cancel the lazy patches that wait to install one of ``patches``."""
+        wanted = set(patches)
+        cancel(self, [p for p in self.pending if p.patch in wanted])
+
+    def checkpoint(self) -> Checkpoint:
+        """A checkpoint of this moment (it takes the lock): every apply from now on is recorded while it lives."""
+        with LOCK:
+            self.purge()
+            checkpoint = Checkpoint(self.owner(), sum(len(s.layers) for s in self.stacks.values()))
+            self.checkpoints.append(weakref.ref(checkpoint))
+            return checkpoint
+
+    def rollback(self, checkpoint: Checkpoint) -> int:
+        """Release every apply recorded in ``checkpoint`` not released yet, last first (it takes the lock)."""
+        with LOCK:
+            self.purge()
+            ledgers = [r for r in reversed(checkpoint.ledgers) if not r.released]
+            check_release([la for r in ledgers for la in to_release(r)])
+            restored: int = sum(self.release(r) for r in ledgers)
+            checkpoint.ledgers.clear()
+            return restored
+
+    def take_unnamed(self) -> list[Stack]:
+        """The stacks made since the last call that want a name by path (it takes the lock)."""
+        with LOCK:
+            stacks, self.unnamed = self.unnamed, []
+        return stacks
+
+    @staticmethod
+    def set_path(stack: Stack, path: str | None) -> None:
+        """Name ``stack``'s holder by its path from the object its first apply was given (``model.mtp.layers[0]``)."""
+        stack.path = path
+
+    def record(self, ledger: Report) -> None:
         """Note ``ledger`` in every live checkpoint (an apply made while one exists)."""
         with LOCK:
             live = []
@@ -420,11 +547,16 @@ def uninstall(layer: Layer, debug: bool = False) -> None:
             put_back(stack.kind, holder, stack.attr, original, raw=True)
     stack.layers.pop()  # after the restore: an interrupt loses nothing
     layer.original = None
+    dependents = stack.dependents
+    if dependents is not None and layer in dependents:  # what depended on it is gone (checked before)
+        del dependents[layer]
+        if not dependents:
+            stack.dependents = None
     if debug:
         log.debug("patchreg: restored %s (%s)", stack.where, layer.patch.name)
 
 
-def cancel(installs: Installs, pendings: Iterable[Pending]) -> None:
+def cancel(installs: Store, pendings: Iterable[Pending]) -> None:
     """Cancel the lazy patches among ``pendings`` that still wait (under the lock)."""
     for pending in list(pendings):
         if pending.state == "pending":
@@ -432,54 +564,7 @@ def cancel(installs: Installs, pendings: Iterable[Pending]) -> None:
             installs.pending.remove(pending)
 
 
-def originals(patch: Patch) -> list[tuple[Any, Any]]:
-    """``(holder, original)`` of every live install of ``patch`` in any registry, oldest first."""
-    found: list[tuple[int, Any, Any]] = []
-    with LOCK:
-        for registry in list(REGISTRIES):
-            for stack in registry._installs.stacks.values():
-                holder = stack.ref()
-                if holder is not None:
-                    found.extend((la.seq, holder, la.displaced()) for la in stack.layers if la.patch is patch)
-    found.sort(key=lambda item: item[0])
-    return [(holder, original) for _seq, holder, original in found]
-
-
-def top_owner(
-    key: tuple[int, str], holder: Any, current: Any, skip: Installs | None = None
-) -> tuple[Owner, InstallStack, Layer] | None:
-    """The topmost live layer, of any registry but ``skip``'s, that installed ``current`` on ``holder``'s attribute."""
-    found: tuple[Owner, InstallStack, Layer] | None = None
-    for registry in list(REGISTRIES):
-        installs = registry._installs
-        if installs is skip:
-            continue
-        other = installs.stacks.get(key)
-        if other is None or not other.layers or other.ref() is not holder:
-            continue
-        top = other.layers[-1]
-        if top.count > 0 and top.owns(current) and (found is None or top.seq > found[2].seq):
-            found = (registry, other, top)
-    return found
-
-
-def inherited_layer(stack: InstallStack, holder: Any) -> tuple[InstallStack, Layer] | None:
-    """The live layer (any registry's) that installed the class attribute ``holder.attr`` inherits, if any."""
-    if stack.kind == "module":
-        return None
-    mro = holder.__mro__[1:] if stack.kind == "class" else type(holder).__mro__
-    for klass in mro:
-        view = vars(klass)
-        if stack.attr in view:
-            raw, key = view[stack.attr], (identity(klass), stack.attr)
-            break
-    else:
-        return None
-    found = top_owner(key, klass, raw)
-    return None if found is None else (found[1], found[2])
-
-
-def depend(stack: InstallStack, layer: Layer, upper: Layer) -> None:
+def depend(stack: Stack, layer: Layer, upper: Layer) -> None:
     """Note that ``upper`` depends on ``layer`` (of ``stack``): releasing ``layer`` waits for it."""
     if stack.dependents is None:
         stack.dependents = {}

@@ -17,7 +17,19 @@ import attrs
 
 from patchreg.exceptions import PatchDefinitionError, UnpatchableTargetError
 
-__all__ = ["ImportPath", "Selector", "Site", "class_attr", "identity", "parse_import_path", "parse_target"]
+__all__ = [
+    "NOT_INSTANCES",
+    "UNSET",
+    "ImportPath",
+    "Selector",
+    "Site",
+    "Step",
+    "by_values",
+    "class_attr",
+    "identity",
+    "parse_import_path",
+    "parse_target",
+]
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _DOTTED = re.compile(rf"{_IDENT}(?:\.{_IDENT})*\Z")
@@ -153,8 +165,8 @@ def _defined_at(value: Any) -> str | None:
         return None
     holder: Any = sys.modules.get(module)
     for part in qualname.split("."):
-        holder = vars(holder).get(part, _UNSET) if isinstance(getattr(holder, "__dict__", None), Mapping) else _UNSET
-        if holder is _UNSET:
+        holder = vars(holder).get(part, UNSET) if isinstance(getattr(holder, "__dict__", None), Mapping) else UNSET
+        if holder is UNSET:
             return None
     return f"{module}:{qualname}" if holder is value else None
 
@@ -198,7 +210,7 @@ def _unwrap_names(value: str | Iterable[str]) -> tuple[str, ...]:
 
 
 @attrs.frozen
-class _Step:
+class Step:
     name: str
     indices: tuple[str, ...]  # "*" or an integer, as text
 
@@ -216,13 +228,18 @@ class Selector:
 
     path: str
     unwrap: tuple[str, ...] = attrs.field(default=DEFAULT_UNWRAP, converter=_unwrap_names)
-    _steps: tuple[_Step, ...] = attrs.field(init=False, eq=False, repr=False)
+    _steps: tuple[Step, ...] = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "_steps", _parse_steps(self.path))
         if not all(isinstance(u, str) and u.isidentifier() for u in self.unwrap):
             msg = f"Selector unwrap names must be identifiers, got {self.unwrap!r}."
             raise PatchDefinitionError(msg, target=self.path)
+
+    @property
+    def steps(self) -> tuple[Step, ...]:
+        """The parsed path: one step per name, with its indices (what a walk, or a guard's trace, follows)."""
+        return self._steps
 
     def __str__(self) -> str:
         return self.path
@@ -238,6 +255,8 @@ class Selector:
         found: dict[int, str] = {}
         for chunk, root in roots:
             start = _unwrap_path(chunk, self._steps[0].name, self.unwrap, root)
+            if start is None and len(self._steps) == 1:  # the one name is absent (created, or deleted by a patch)
+                start = (chunk, root)
             if start is None:
                 continue
             holders: list[tuple[Any, str]] = [start]
@@ -285,12 +304,12 @@ class Selector:
         for step in steps[:-1]:
             nxt = []
             for holder in holders:
-                if value is _UNSET:
+                if value is UNSET:
                     value = getattr(holder, step.name, None)
                 if value is None:
                     return None
                 items = [value]
-                value = _UNSET
+                value = UNSET
                 for index in step.indices:
                     items = _select(items, index)
                     if not items:
@@ -299,9 +318,9 @@ class Selector:
             holders = nxt
         attr = steps[-1].name
         for holder in holders:
-            if isinstance(holder, _NOT_INSTANCES):
+            if isinstance(holder, NOT_INSTANCES):
                 _check_instance(holder, self.path)
-            if value is _UNSET and not _has_attr(holder, attr):
+            if value is UNSET and not _has_attr(holder, attr):
                 return None
         return [Site(holder, attr) for holder in holders]
 
@@ -325,7 +344,7 @@ class Selector:
                 items = _select(items, index)
             holders.extend(items)
         attr = steps[-1].name
-        if not holders or steps[-1].indices or any(isinstance(h, _NOT_INSTANCES) for h in holders):
+        if not holders or steps[-1].indices or any(isinstance(h, NOT_INSTANCES) for h in holders):
             return None
         return [Site(h, attr) for h in holders]
 
@@ -378,17 +397,17 @@ def _select(items: list[Any], index: str) -> list[Any]:
 def _elements(value: Any) -> list[Any]:
     if isinstance(value, list):
         return value
-    if _by_values(value):
+    if by_values(value):
         return list(value.values())
     return list(_iterate(value))
 
 
-def _by_values(value: Any) -> bool:
+def by_values(value: Any) -> bool:
     """``[*]`` on ``value`` selects its values (a mapping, a ``ModuleDict``), not what iterating it yields."""
     return isinstance(value, Mapping) or _is_module_dict(value)
 
 
-def _parse_steps(path: object) -> tuple[_Step, ...]:
+def _parse_steps(path: object) -> tuple[Step, ...]:
     if not isinstance(path, str) or not path or ":" in path:
         msg = f"Malformed selector {path!r}: write attribute names joined by dots, with [*] or [n] after a name."
         raise PatchDefinitionError(msg, target=path)
@@ -401,7 +420,7 @@ def _parse_steps(path: object) -> tuple[_Step, ...]:
                 "followed by [*] or [n], e.g. 'mtp.layers[*]._get_embeddings'."
             )
             raise PatchDefinitionError(msg, target=path)
-        steps.append(_Step(match.group(1), tuple(_INDEX.findall(match.group(2)))))
+        steps.append(Step(match.group(1), tuple(_INDEX.findall(match.group(2)))))
     if steps[-1].indices:
         msg = f"Malformed selector {path!r}: it must end with the attribute to patch, not an index."
         raise PatchDefinitionError(msg, target=path)
@@ -416,13 +435,13 @@ def _has_attr(obj: Any, name: str) -> bool:
     return True
 
 
-_UNSET: Any = object()
+UNSET: Any = object()
 
 
 def _unwrap_get(obj: Any, name: str, unwrap: tuple[str, ...]) -> tuple[Any, Any] | None:
     """``(holder, value)``: the object that has ``name`` (as :func:`_unwrap_to` finds it) and its value."""
-    value = getattr(obj, name, _UNSET)
-    if value is not _UNSET:
+    value = getattr(obj, name, UNSET)
+    if value is not UNSET:
         return obj, value
     start = _unwrap_to(obj, name, unwrap)
     return None if start is None else (start, getattr(start, name, None))
@@ -459,7 +478,7 @@ def _is_module_like(obj: Any) -> bool:
     return obj is not None and hasattr(obj, "__dict__") and not isinstance(obj, skip)
 
 
-def _advance(holders: list[tuple[Any, str]], step: _Step) -> tuple[list[tuple[Any, str]], Miss | None]:
+def _advance(holders: list[tuple[Any, str]], step: Step) -> tuple[list[tuple[Any, str]], Miss | None]:
     out: list[tuple[Any, str]] = []
     for holder, where in holders:
         here = f"{where}.{step.name}" if where else step.name
@@ -519,7 +538,7 @@ def _iterate(value: Any) -> Iterable[Any]:
     return items
 
 
-_NOT_INSTANCES = (type, types.ModuleType, type(None))
+NOT_INSTANCES = (type, types.ModuleType, type(None))
 
 
 def _check_instance(obj: Any, path: str) -> None:

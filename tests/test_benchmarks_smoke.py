@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -56,61 +55,3 @@ def _module(name: str, *args: str, timeout: int) -> None:
     command = [sys.executable, "-m", name, *args]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
-
-
-def test_every_design_prototype_installs_and_restores_the_model() -> None:
-    """Each design ``benchmarks.designs`` times installs our set's replacement of ``_postprocess`` during its cycle
-    (seen at a function return inside it) and puts the model back exactly, cycle after cycle: a prototype that
-    skipped the install, or left it installed, would time less than a whole cycle."""
-    import sys
-
-    from benchmarks import _model, designs
-
-    for label, (build, _what) in designs.DESIGNS.items():
-        model = _model.build()
-        layer = model.mtp.layers[0]
-        before = (dict(vars(model)), dict(vars(layer)))
-        cycle = build(model)
-        seen: list[bool] = []
-
-        def tracer(frame: Any, event: str, arg: Any, seen: list[bool] = seen, model: Any = model) -> Any:
-            if event == "return":
-                seen.append("_postprocess" in vars(model))
-            return tracer
-
-        for _ in range(3):
-            sys.settrace(tracer)
-            try:
-                cycle()
-            finally:
-                sys.settrace(None)
-            assert any(seen), f"{label}: nothing installed during the cycle"
-            seen.clear()
-        assert (dict(vars(model)), dict(vars(layer))) == before, label
-
-
-def test_design_prototypes_on_the_engine_release_the_clean_way(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every design that keeps the engine's release (all but the leaner engines, which replace it) releases a
-    warmed-up cycle's clean installs the one-pass way, as the real block's exit does: none goes the general way
-    (``Installs.release``), so the rows compare blocks, not two releases."""
-    from benchmarks import _model, designs
-    from patchreg._store import Installs
-
-    general: list[str] = []
-    original = Installs.release
-
-    def counted(self: Installs, ledger: Any) -> int:
-        general.append(ledger.set_name)
-        return original(self, ledger)
-
-    monkeypatch.setattr(Installs, "release", counted)
-    on_the_engine = [label for label in designs.DESIGNS if "leaner engine" not in label]
-    assert len(on_the_engine) == len(designs.DESIGNS) - 2
-    for label in on_the_engine:
-        cycle = designs.DESIGNS[label][0](_model.build())
-        for _ in range(3):  # the second apply makes the plan, the third takes it
-            cycle()
-        general.clear()
-        for _ in range(5):
-            cycle()
-        assert general == [], f"{label}: {len(general)} releases the general way"

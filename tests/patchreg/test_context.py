@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -274,3 +275,26 @@ def test_an_open_written_for_the_old_hooks_is_refused_and_leaves_nothing(patch_r
     with pytest.raises(PatchDefinitionError, match=r"value\(report\)"):
         Old(patch_registry, _FORWARD, model).__enter__()
     assert "forward" not in vars(model) and patch_registry.active() == ()
+
+
+def test_a_decorated_class_stays_a_class_with_its_test_methods_patched(patch_registry: Registry) -> None:
+    """``@registry.patched(...)`` on a class decorates its test methods (as mock's) and leaves the rest alone."""
+    from tests.patchreg import kinds_sample as ks
+
+    flag = Patch("flag", f"{ks.M}:FLAG", True, kind="value")
+
+    @patch_registry.patched(flag)
+    class Tests:
+        def setUp(self) -> bool:
+            return bool(ks.FLAG)
+
+        def test_one(self) -> bool:
+            return bool(ks.FLAG)
+
+        async def test_two(self) -> bool:
+            return bool(ks.FLAG)
+
+    assert isinstance(Tests, type)
+    case = Tests()
+    assert case.test_one() is True and case.setUp() is False and ks.FLAG is False
+    assert asyncio.run(case.test_two()) is True and ks.FLAG is False

@@ -17,6 +17,7 @@ from patchreg import (
     PatchDefinitionError,
     PatchOwnershipError,
     Registry,
+    TargetNotFoundError,
     UnpatchableTargetError,
     requires,
 )
@@ -277,3 +278,153 @@ def test_create_shadows_a_getattr_served_attribute_and_revert_uncovers_it(patch_
         assert "LAZY" not in vars(mod) and mod.LAZY == "served"
     finally:
         del sys.modules[mod.__name__]
+
+
+# -- deletion for a block (pytest's delattr / delitem / delenv) --------------------------------
+
+
+def test_delete_removes_a_module_attribute_for_a_block_and_puts_the_very_object_back(
+    patch_registry: Registry, clean: None
+) -> None:
+    """kind='delete' makes an attribute absent inside the block; the same object comes back after, users counted."""
+    p = Patch("no-flag", f"{M}:FLAG", None, kind="delete")
+    with patch_registry.patched(p) as report:
+        assert not hasattr(ks, "FLAG") and report.installed == 1
+        assert "no-flag" in patch_registry.summary() and f"{M}.FLAG" in patch_registry.summary()
+        inner = patch_registry.apply(p)
+        assert inner.installed == 0  # a second user shares it
+        patch_registry.revert(inner)
+        assert not hasattr(ks, "FLAG")
+    assert ks.FLAG is False
+
+
+def test_delete_removes_an_environment_variable_and_a_dict_key_for_a_block(
+    patch_registry: Registry, clean: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kind='delete' with key= makes a variable or a key absent inside the block; its value comes back after."""
+    monkeypatch.setenv(ENV, "old")
+    gone = Patch("no-env", "os:environ", None, kind="delete", key=ENV)
+    with patch_registry.patched(gone):
+        assert ENV not in os.environ
+        assert patch_registry.active()[0].where == f"os:environ[{ENV!r}]"
+    assert os.environ[ENV] == "old"
+    with patch_registry.patched(Patch("no-gpt", f"{M}:TABLE", None, kind="delete", key="gpt")):
+        assert "gpt" not in ks.TABLE
+    assert ks.TABLE["gpt"] is ks.HANDLER
+
+
+def test_delete_of_an_instance_attribute_through_a_selector(patch_registry: Registry) -> None:
+    """A selector's delete removes the instance's own attribute and restores it; one only inherited is a skip."""
+    model = ks.Holder()
+    config = model.config
+    with patch_registry.patched(Patch("no-config", "config", None, kind="delete"), model) as report:
+        assert "config" not in vars(model) and report.entries[0].where == "model.config"
+    assert model.config is config
+    report = patch_registry.apply(Patch("no-init", "__init__", None, kind="delete"), model)
+    assert report.installed == 0 and "own namespace" in report.skipped[0][1]
+
+
+def test_delete_of_something_absent_is_a_quiet_skip_and_strict_refuses_it(
+    patch_registry: Registry, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Nothing to delete is a skip logged nowhere (pytest's raising=False); strict=True refuses it (raising=True)."""
+    p = Patch("no-var", "os:environ", None, kind="delete", key=ENV)
+    with caplog.at_level("WARNING", logger="patchreg"):
+        report = patch_registry.apply(p)
+    assert report.installed == 0 and "nothing to delete" in report.skipped[0][1] and caplog.records == []
+    with pytest.raises(TargetNotFoundError, match="nothing to delete"):
+        patch_registry.apply(p, strict=True)
+
+
+def test_delete_conflicts_checks_ownership_and_refuses_bad_definitions(patch_registry: Registry, clean: None) -> None:
+    """A delete conflicts with a replace on the same attribute, refuses to revert over a re-set, and takes no value."""
+    delete = Patch("no-flag", f"{M}:FLAG", None, kind="delete")
+    patch_registry.apply(delete)
+    with pytest.raises(PatchConflictError):
+        patch_registry.apply(Patch("flag", f"{M}:FLAG", True, kind="value", create=True))
+    ks.FLAG = True  # someone sets it inside the block
+    with pytest.raises(PatchOwnershipError):
+        patch_registry.revert(delete)
+    del ks.FLAG
+    assert patch_registry.revert(delete) == 1 and ks.FLAG is False
+    with pytest.raises(PatchDefinitionError, match="pass None"):
+        Patch("d", f"{M}:FLAG", 1, kind="delete")
+    with pytest.raises(PatchDefinitionError, match="cannot create"):
+        Patch("d", f"{M}:FLAG", None, kind="delete", create=True)
+    with pytest.raises(PatchDefinitionError, match="environment"):
+        Patch("d", "os:environ", None, kind="delete", key="A=B")
+
+
+def test_prepend_puts_a_value_in_front_of_an_environment_variable_for_a_block(
+    patch_registry: Registry, clean: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """prepend=os.pathsep joins the value in front of the one there (pytest's setenv prepend); the old one is back."""
+    monkeypatch.setenv(ENV, "/usr/bin")
+    p = Patch("path", "os:environ", "/opt/bin", kind="item", key=ENV, prepend=os.pathsep)
+    with patch_registry.patched(p):
+        assert os.environ[ENV] == f"/opt/bin{os.pathsep}/usr/bin"
+        assert "prepend=" in repr(p)
+    assert os.environ[ENV] == "/usr/bin"
+    monkeypatch.delenv(ENV)
+    with patch_registry.patched(Patch("path", "os:environ", "/opt/bin", kind="item", key=ENV, create=True, prepend=":")):
+        assert os.environ[ENV] == "/opt/bin"  # nothing there: the value alone
+    assert ENV not in os.environ
+
+
+def test_prepend_is_for_str_items_only() -> None:
+    """prepend on another kind, with a non-str value or a non-str separator is a PatchDefinitionError."""
+    with pytest.raises(PatchDefinitionError, match="prepend"):
+        Patch("p", f"{M}:FLAG", "x", kind="value", prepend=":")
+    with pytest.raises(PatchDefinitionError, match="prepend"):
+        Patch("p", f"{M}:TABLE", 1, kind="item", key="k", prepend=":")
+    with pytest.raises(PatchDefinitionError, match="prepend"):
+        Patch("p", f"{M}:TABLE", "x", kind="item", key="k", prepend=1)  # type: ignore[arg-type]
+
+
+# -- a whole mapping for a block (mock.patch.dict) -----------------------------------------------
+
+
+def test_a_dict_patch_sets_its_keys_and_clear_empties_the_rest_for_a_block(patch_registry: Registry, clean: None) -> None:
+    """kind='dict' sets each key (creating the absent), clear=True makes the others absent; all come back as they were."""
+    before = dict(ks.TABLE)
+    values = {"gpt": "mine", "new": 1}
+    with patch_registry.patched(Patch("table", f"{ks.M}:TABLE", values, kind="dict")) as report:
+        assert ks.TABLE == {"gpt": "mine", "new": 1} and report.installed == 2
+        assert {e.where for e in report.entries} == {f"{M}:TABLE['gpt']", f"{M}:TABLE['new']"}
+    assert before == ks.TABLE and ks.TABLE["gpt"] is ks.HANDLER
+    with patch_registry.patched(Patch("only", f"{ks.M}:TABLE", {"mtp": 2}, kind="dict", clear=True)):
+        assert ks.TABLE == {"mtp": 2}
+    assert before == ks.TABLE and ks.TABLE["gpt"] is ks.HANDLER
+
+
+def test_a_dict_patch_on_environ_undoes_only_its_own_changes(
+    patch_registry: Registry, clean: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On exit a dict patch undoes its own keys only: a variable someone else set meanwhile stays (mock's is dropped)."""
+    monkeypatch.setenv(ENV, "old")
+    other = ENV + "_OTHER"
+    with patch_registry.patched(Patch("env", "os:environ", {ENV: "new"}, kind="dict")):
+        assert os.environ[ENV] == "new"
+        monkeypatch.setenv(other, "theirs")
+    assert os.environ[ENV] == "old" and os.environ[other] == "theirs"
+
+
+def test_a_dict_patch_checks_ownership_per_key_and_refuses_bad_definitions(
+    patch_registry: Registry, clean: None
+) -> None:
+    """A key changed by someone else inside the block refuses the revert; a non-mapping or key= is refused."""
+    patch = Patch("table", f"{ks.M}:TABLE", {"gpt": "mine"}, kind="dict")
+    patch_registry.apply(patch)
+    ks.TABLE["gpt"] = "theirs"
+    with pytest.raises(PatchOwnershipError):
+        patch_registry.revert(patch)
+    ks.TABLE["gpt"] = "mine"
+    assert patch_registry.revert(patch) == 1 and ks.TABLE["gpt"] is ks.HANDLER
+    with pytest.raises(PatchDefinitionError, match="mapping of keys"):
+        Patch("d", f"{ks.M}:TABLE", [("a", 1)], kind="dict")
+    with pytest.raises(PatchDefinitionError, match="leave key and create out"):
+        Patch("d", f"{ks.M}:TABLE", {}, kind="dict", key="a")
+    with pytest.raises(PatchDefinitionError, match="clear="):
+        Patch("d", f"{ks.M}:TABLE", "x", kind="item", key="a", clear=True)
+    with pytest.raises(PatchDefinitionError, match="environment"):
+        Patch("d", "os:environ", {"A": 1}, kind="dict")

@@ -14,11 +14,11 @@ def test_a_fully_traced_set_is_planned_flat_and_checked_first() -> None:
     """A set whose every patch is traced gets one flat plan (all three installs), re-used as the plan checked first."""
     registry, m = Registry("t"), model()
     cycle(registry, m)
-    assert registry._plans == {}
+    assert registry._installs.plans == {}
     cycle(registry, m)
-    (plan,) = registry._plans.values()
+    (plan,) = registry._installs.plans.values()
     cycle(registry, m)
-    assert list(registry._plans.values()) == [plan] and registry._last is plan
+    assert list(registry._installs.plans.values()) == [plan] and registry._installs.last is plan
     assert plan.flat is not None and len(plan.flat) == 3
 
 
@@ -28,5 +28,5 @@ def test_a_patch_resolved_at_every_apply_keeps_its_set_off_the_flat_path(target:
     registry, m = Registry("t"), Node("model", mtp=Node("mtp", layers=Layers(Node("a"), Node("b"))))
     for _ in range(2):
         registry.revert(registry.apply(target, m))
-    (plan,) = registry._plans.values()
+    (plan,) = registry._installs.plans.values()
     assert (plan.flat is not None) == (target is FORWARD)
