@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from patchreg._api import apply, patched, registry, revert
 from patchreg._bootstrap import bootstrap
+from patchreg._disable import essential
 from patchreg._drift import Drift, Verified, body_fingerprint, drift
 from patchreg._predicates import (
     Answer,
@@ -65,6 +66,7 @@ __all__ = [
     "check",
     "decorate",
     "drift",
+    "essential",
     "body_fingerprint",
     "bootstrap",
     "has",

@@ -23,6 +23,7 @@ from typing import Any, TextIO
 import attrs
 
 from patchreg import __version__
+from patchreg._disable import REASON, is_disabled, is_essential
 from patchreg._discovery import KNOWN_MODULES, Discovery, Found, LoadError, discover
 from patchreg._drift import body_fingerprint, drift, resolve
 from patchreg._format import WIDTH, table, wrap
@@ -182,7 +183,10 @@ def _select(found: Discovery, names: Sequence[str]) -> tuple[list[Found], list[L
 
 def diagnose(patch: Patch, found: Found) -> Diagnosis:
     """Evaluate ``patch``'s predicate and, for import paths, its target, in this environment."""
-    install, reason, needed = _would_install(patch)
+    disabled = is_disabled(found.name, patch)  # PATCHREG_DISABLE: never installed here, by the operator's choice
+    install, reason, needed = (
+        (False, _REFUSES if is_essential(patch) else REASON, is_essential(patch)) if disabled else _would_install(patch)
+    )
     found_drift = drift(patch.verified) if patch.verified is not None and install else None
     return Diagnosis(
         set=found.name,
@@ -197,6 +201,9 @@ def diagnose(patch: Patch, found: Found) -> Diagnosis:
         body=found_drift.text if found_drift is not None else "",
         body_ok=found_drift is None or found_drift.ok,
     )
+
+
+_REFUSES = f"{REASON}, but its set cannot run without it: an apply of the set refuses"
 
 
 def _would_install(patch: Patch) -> tuple[bool, str, bool]:
@@ -291,6 +298,8 @@ _FLOORS = (0, 0, 0, 0, 30)
 def _install_cell(row: Diagnosis) -> str:
     if row.install:
         return "yes"
+    if row.reason in (REASON, _REFUSES):
+        return "disabled"
     return "no" if row.needed else "not needed"
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import wrapt
 
+from patchreg._disable import off
 from patchreg._plans import resolve_all
 from patchreg._records import Installed
 from patchreg._store import LOCK, REGISTRIES, Installs, Ledger, cancel
@@ -66,7 +67,7 @@ def install_on_import(installs: Installs, pending: Pending, module: Any) -> None
     if pending.state != "pending":
         return
     try:
-        work, skipped = resolve_all((pending.patch,), None)
+        work, skipped = resolve_all((pending.patch,), None, disabled=off(pending.ledger.set_name, (pending.patch,)))
         with LOCK:
             if pending.state != "pending":
                 return

@@ -21,6 +21,7 @@ from patchreg import _explain, _lazy
 from patchreg._checks import check_release, report_skips, to_release
 from patchreg._clean import apply_planned, release
 from patchreg._context import Patched, decorate
+from patchreg._disable import off
 from patchreg._explain import Explanation
 from patchreg._plans import (
     SEEN_MAX,
@@ -119,11 +120,14 @@ class Registry:
                         self._applied(ledger, obj)
                     return ledger
         name, patches = patches_of(target)
+        disabled = off(name, patches)  # PATCHREG_DISABLE: skipped (an essential one refuses), never waiting
         waiting = [p for p in patches if p.is_global and p.where.module not in sys.modules] if lazy else []  # type: ignore[union-attr]
+        if disabled and waiting:
+            waiting = [p for p in waiting if id(p) not in disabled]
         traces: list[Trace] | None = [] if not lazy and self._again(key, target, obj) else None
         gen = generation[0]
         todo = tuple(p for p in patches if p not in waiting) if waiting else patches
-        work, skipped = resolve_all(todo, obj, traces, warn)
+        work, skipped = resolve_all(todo, obj, traces, warn, disabled)
         ledger = self._apply_work(name, work, skipped, strict, warn, waiting, patches)
         if traces is not None and not ledger.waiting:
             with LOCK:
