@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from patchreg._api import apply, patched, registry, revert
-from patchreg._bootstrap import bootstrap
+from patchreg._bootstrap import bootstrap, ray_runtime_env
 from patchreg._disable import essential
 from patchreg._drift import Drift, Verified, body_fingerprint, drift
 from patchreg._predicates import (
@@ -74,6 +74,7 @@ __all__ = [
     "on_refresh",
     "patched",
     "provider",
+    "ray_runtime_env",
     "refresh",
     "registry",
     "requires",
