@@ -41,5 +41,5 @@ def test_llm_and_async_llm_workers_agree_with_the_driver(checkpoints: dict[str, 
         answers = out[engine]["answers"]
         assert answers and all(a["fingerprint"] == out[engine]["fingerprint"] for a in answers), out
         assert out["pid"] not in [a["pid"] for a in answers], out  # the workers are processes of their own
-        channel = [line for a in answers for line in a["lines"] if "patchreg-fingerprint" in line]
-        assert channel and not [line for line in channel if line.endswith("|pending")], channel
+        method = [ln for a in answers for ln in a["lines"] if ln.startswith("install ") and ":Worker.patchreg_" in ln]
+        assert method and not [ln for ln in method if ln.endswith("|pending")], method  # installed in the worker
