@@ -28,10 +28,14 @@ NOTHING_ACTIVE = "no-such-set.no-such-patch"
 
 def _child(role: str, *args: str, env: dict[str, str] | None = None, timeout: int = 300) -> Any:
     """Run ``python -m benchmarks.processes ROLE ARGS`` in a fresh process; its last stdout line as JSON."""
-    full = {k: v for k, v in os.environ.items() if not k.startswith("PATCHREG_")}
+    drop = ("MASTER_ADDR", "MASTER_PORT")  # this process's gloo rendezvous (sections 1-6): the child makes its own
+    full = {k: v for k, v in os.environ.items() if not k.startswith("PATCHREG_") and k not in drop}
     full.update(env or {})
     cmd = [sys.executable, "-m", "benchmarks.processes", role, *args]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=full, cwd=ROOT, check=True, timeout=timeout)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=full, cwd=ROOT, check=False, timeout=timeout)
+    if done.returncode != 0:
+        msg = f"{' '.join(cmd[1:])} exited {done.returncode}: {done.stderr[-1500:]}"
+        raise RuntimeError(msg)
     return json.loads(done.stdout.splitlines()[-1])
 
 
