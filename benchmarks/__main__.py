@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings.fast() if args.quick else Settings.full()
     started = time.perf_counter()
 
-    from benchmarks import cycles, engine, models, shapes
+    from benchmarks import cycles, engine, models, processes, shapes
 
     sections: list[Section] = []
     sections += _run(1, "enter + exit vs the peers", lambda: cycles.cycles(settings))
@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     sections += _run(5, "training step", lambda: models.training_step(settings))
     sections += _run(6, "memory hygiene", lambda: models.hygiene(settings))
     sections += _run(7, "model shapes", lambda: shapes.shapes(settings))
+    sections += _run(8, "patches in every process", lambda: processes.processes(settings))
     sections.sort(key=lambda s: s.number)
     mode = "quick (`--quick`: few repetitions, figures indicative only)" if args.quick else "full"
     text = render(_machine.describe(), sections, mode=mode, seconds=time.perf_counter() - started)

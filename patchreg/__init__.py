@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from patchreg._api import apply, patched, registry, revert
-from patchreg._bootstrap import bootstrap
+from patchreg._bootstrap import bootstrap, ray_runtime_env
+from patchreg._disable import essential
 from patchreg._drift import Drift, Verified, body_fingerprint, drift
 from patchreg._predicates import (
     Answer,
@@ -66,6 +67,7 @@ __all__ = [
     "check",
     "decorate",
     "drift",
+    "essential",
     "body_fingerprint",
     "bootstrap",
     "has",
@@ -73,6 +75,7 @@ __all__ = [
     "on_refresh",
     "patched",
     "provider",
+    "ray_runtime_env",
     "refresh",
     "registry",
     "requires",

@@ -11,14 +11,25 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from patchreg._api import registry
+from patchreg._disable import ENV_DISABLE, is_disabled, is_essential, names
 from patchreg._discovery import Discovery, discover
-from patchreg._records import PatchSet, Report
+from patchreg._records import PatchSet
+from patchreg._stacks import Report
 from patchreg.exceptions import PatchDefinitionError, PatchError
 
-__all__ = ["ENV_PATCHSETS", "bootstrap", "named_sets"]
+__all__ = [
+    "ENV_PATCHSETS",
+    "RAY_SETUP_HOOK",
+    "bootstrap",
+    "env_problems",
+    "named_sets",
+    "ray_runtime_env",
+    "unknown_disabled",
+]
 
 log = logging.getLogger("patchreg")
 
@@ -27,6 +38,10 @@ ENV_PATCHSETS = "PATCHREG_PATCHSETS"
 
 _LOCK = threading.RLock()  # one bootstrap at a time: two threads must not both apply a set
 _held: dict[str, Report] = {}  # the sets bootstrap applied in this process, held for its life
+_warned: list[bool] = [False]  # the unknown PATCHREG_DISABLE names are logged once per process
+
+#: Ray's ``worker_process_setup_hook`` that bootstraps each worker process before its actor's ``__init__``.
+RAY_SETUP_HOOK = "patchreg.bootstrap"
 
 
 def named_sets(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
@@ -51,7 +66,9 @@ def bootstrap() -> tuple[Report, ...]:
     with _LOCK:
         todo = [n for n in names if n not in _held]
         if todo:
-            sets = _find(todo, discover())
+            found = discover()
+            _warn_unknown_disabled(found)
+            sets = _find(todo, found)
             reports: list[tuple[str, Report]] = []
             try:
                 for name in todo:
@@ -89,3 +106,70 @@ def _find(names: list[str], found: Discovery) -> dict[str, PatchSet]:
             )
             raise PatchDefinitionError(msg)
     return {n: by_name[n] for n in names}
+
+
+def ray_runtime_env(
+    sets: Iterable[str] | None = None, disable: Iterable[str] | None = None, environ: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """The ``runtime_env`` fragment that bootstraps patchreg in every Ray worker process of a job.
+
+    ``ray.init(runtime_env=patchreg.ray_runtime_env())``: the variables (``sets`` / ``disable`` given, else
+    this process's own, of ``environ``) as ``env_vars``, present before any import in each worker, and
+    :data:`RAY_SETUP_HOOK` as ``worker_process_setup_hook``, which Ray runs in each worker process before
+    an actor's ``__init__``. Merge it with your own ``runtime_env`` (its ``env_vars`` into yours).
+    """
+    env = os.environ if environ is None else environ
+    env_vars = {
+        ENV_PATCHSETS: ",".join(sets) if sets is not None else env.get(ENV_PATCHSETS, ""),
+        ENV_DISABLE: ",".join(disable) if disable is not None else env.get(ENV_DISABLE, ""),
+    }
+    return {"env_vars": {k: v for k, v in env_vars.items() if v}, "worker_process_setup_hook": RAY_SETUP_HOOK}
+
+
+def unknown_disabled(found: Discovery) -> tuple[list[str], list[str]]:
+    """``(unknown, known)``: the ``PATCHREG_DISABLE`` names no found set or patch answers to, and the known names
+    (sets, and patches as ``set.patch``)."""
+    shown = {f.name for f in found.sets} | {f"{f.name}.{p.name}" for f in found.sets for p in f.patch_set}
+    bare = {p.name for f in found.sets for p in f.patch_set}  # a bare patch name matches too; not listed
+    return sorted(n for n in names() if n not in shown and n not in bare), sorted(shown)
+
+
+def _warn_unknown_disabled(found: Discovery) -> None:
+    """Log once per process the ``PATCHREG_DISABLE`` names that match nothing, with the known names."""
+    if _warned[0] or not names():
+        return
+    _warned[0] = True
+    unknown, known = unknown_disabled(found)
+    if unknown:
+        log.warning(
+            "patchreg: %s names %s, which match(es) no known patch set or patch; known names: %s",
+            ENV_DISABLE,
+            ", ".join(map(repr, unknown)),
+            ", ".join(known) or "none",
+        )
+
+
+def env_problems(found: Discovery) -> list[str]:
+    """Why :func:`bootstrap` would not install each named set fully here (empty: it would); changes nothing.
+
+    A name no set has, a set whose patches need an object, and a set whose essential patch
+    ``PATCHREG_DISABLE`` names each make one line; what the patches' predicates say is ``doctor``'s table.
+    """
+    problems = []
+    by_name = {f.name: f.patch_set for f in found.sets}
+    for name in named_sets():
+        if name not in by_name:
+            problems.append(
+                f"{ENV_PATCHSETS} names unknown patch set {name!r}; known sets: {', '.join(sorted(by_name))}"
+            )
+            continue
+        try:
+            _find([name], found)
+        except PatchError as exc:
+            problems.append(str(exc))
+        problems.extend(
+            f"{name}.{p.name} is essential to {name!r} and disabled by {ENV_DISABLE}: bootstrap() would refuse"
+            for p in by_name[name]
+            if is_essential(p) and is_disabled(name, p)
+        )
+    return problems

@@ -9,6 +9,7 @@ import types
 from collections.abc import Iterable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
+from patchreg._disable import REASON as DISABLED
 from patchreg._namespace import ABSENT, environ_problem, label, stored_value
 from patchreg._targets import class_attr
 from patchreg.exceptions import (
@@ -239,9 +240,10 @@ def warn_not_found(patch: Patch, reason: str) -> None:
 
 
 def report_skips(name: str, skipped: list[tuple[str, str]], strict: bool, patches: Iterable[Patch]) -> None:
-    """Warn about (``strict``: refuse) the skips that matter: not those a predicate marks *not needed* here."""
+    """Warn about (``strict``: refuse) the skips that matter: not those a predicate marks *not needed* here, nor
+    those ``PATCHREG_DISABLE`` names (the operator's decision)."""
     by_name = {p.name: p for p in patches}
-    skipped = [(n, r) for n, r in skipped if n not in by_name or needed(by_name[n])]
+    skipped = [(n, r) for n, r in skipped if r != DISABLED and (n not in by_name or needed(by_name[n]))]
     if not skipped:
         return
     if not strict:  # strict raises instead: one of the two is enough

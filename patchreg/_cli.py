@@ -14,6 +14,7 @@ import contextlib
 import importlib.metadata
 import inspect
 import json
+import os
 import platform
 import sys
 import warnings
@@ -23,6 +24,8 @@ from typing import Any, TextIO
 import attrs
 
 from patchreg import __version__
+from patchreg._bootstrap import ENV_PATCHSETS, env_problems, named_sets, unknown_disabled
+from patchreg._disable import ENV_DISABLE, REASON, is_disabled, is_essential
 from patchreg._discovery import KNOWN_MODULES, Discovery, Found, LoadError, discover
 from patchreg._drift import body_fingerprint, drift, resolve
 from patchreg._format import WIDTH, table, wrap
@@ -114,6 +117,12 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("doctor", help="would each patch install here, and why (exit 1 if one would not)")
     p.add_argument("sets", nargs="*", metavar="SET", help="patch set names or module names (default: all)")
     p.add_argument("--json", action="store_true", help="print a JSON list of objects, one per patch")
+    p.add_argument(
+        "--env",
+        action="store_true",
+        help="what bootstrap() would install here with PATCHREG_PATCHSETS and PATCHREG_DISABLE as they are now "
+        "(exit 1 if a named set would not install fully)",
+    )
     p.set_defaults(command=_cmd_doctor, name="doctor")
     p = sub.add_parser("show", help="one patch: target, kind, predicate and its answer, docstring")
     p.add_argument(
@@ -153,6 +162,11 @@ def _write_errors(errors: Sequence[LoadError], out: TextIO) -> None:
 
 
 def _cmd_doctor(args: argparse.Namespace, found: Discovery, out: TextIO) -> int:
+    if args.env:
+        if args.sets:
+            msg = f"doctor --env takes no set names: it reads {ENV_PATCHSETS} (got {' '.join(args.sets)})."
+            raise UsageError(msg)
+        return _doctor_env(args.json, found, out)
     sets, errors = _select(found, args.sets)
     rows = [diagnose(p, f) for f in sets for p in f.patch_set]
     if args.json:
@@ -161,6 +175,32 @@ def _cmd_doctor(args: argparse.Namespace, found: Discovery, out: TextIO) -> int:
     else:
         _write_doctor(rows, errors, out)
     return OK if all(r.fine for r in rows) and not errors else FAILED
+
+
+def _doctor_env(as_json: bool, found: Discovery, out: TextIO) -> int:
+    """``doctor --env``: the sets the environment names, as bootstrap() would apply them here; nothing is applied."""
+    named = named_sets()
+    variables = {n: os.environ.get(n, "") for n in (ENV_PATCHSETS, ENV_DISABLE)}
+    problems = env_problems(found)
+    unknown, known = unknown_disabled(found)
+    rows = [diagnose(p, f) for n in named for f in found.sets if f.name == n for p in f.patch_set]
+    status = OK if not problems and all(r.fine for r in rows) else FAILED
+    if as_json:
+        objects = {"variables": variables, "problems": problems, "unknown_disabled": unknown}
+        out.write(json.dumps({**objects, "patches": [r.as_dict() for r in rows]}, indent=2) + "\n")
+        return status
+    out.write("".join(f"{k}={v!r}\n" for k, v in variables.items()))
+    if unknown:
+        out.write(f"WARNING: {ENV_DISABLE} names {', '.join(map(repr, unknown))}: no known set or patch; known: ")
+        out.write(", ".join(known) + "\n")
+    if not named:
+        out.write(f"bootstrap() installs nothing here: {ENV_PATCHSETS} names no patch set.\n")
+        return OK
+    out.write("\n")
+    if rows:
+        _write_doctor(rows, [], out)
+    out.writelines(f"\nWOULD NOT INSTALL FULLY: {p}\n" for p in problems)
+    return status
 
 
 def _select(found: Discovery, names: Sequence[str]) -> tuple[list[Found], list[LoadError]]:
@@ -182,7 +222,10 @@ def _select(found: Discovery, names: Sequence[str]) -> tuple[list[Found], list[L
 
 def diagnose(patch: Patch, found: Found) -> Diagnosis:
     """Evaluate ``patch``'s predicate and, for import paths, its target, in this environment."""
-    install, reason, needed = _would_install(patch)
+    disabled = is_disabled(found.name, patch)  # PATCHREG_DISABLE: never installed here, by the operator's choice
+    install, reason, needed = (
+        (False, _REFUSES if is_essential(patch) else REASON, is_essential(patch)) if disabled else _would_install(patch)
+    )
     found_drift = drift(patch.verified) if patch.verified is not None and install else None
     return Diagnosis(
         set=found.name,
@@ -197,6 +240,9 @@ def diagnose(patch: Patch, found: Found) -> Diagnosis:
         body=found_drift.text if found_drift is not None else "",
         body_ok=found_drift is None or found_drift.ok,
     )
+
+
+_REFUSES = f"{REASON}, but its set cannot run without it: an apply of the set refuses"
 
 
 def _would_install(patch: Patch) -> tuple[bool, str, bool]:
@@ -291,6 +337,8 @@ _FLOORS = (0, 0, 0, 0, 30)
 def _install_cell(row: Diagnosis) -> str:
     if row.install:
         return "yes"
+    if row.reason in (REASON, _REFUSES):
+        return "disabled"
     return "no" if row.needed else "not needed"
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 
 from patchreg._checks import check_compatible, check_patchable
+from patchreg._disable import REASON, is_disabled, off
 from patchreg._format import WIDTH, table
 from patchreg._lazy import awaited
 from patchreg._namespace import label, own_value
@@ -22,7 +23,7 @@ from patchreg._records import Installed, Patch
 from patchreg._stacks import entry
 from patchreg._store import LOCK, Store, stack_key
 from patchreg._targets import Miss, Selector, Site, identity
-from patchreg.exceptions import PatchConflictError, UnpatchableTargetError
+from patchreg.exceptions import PatchConflictError, PatchError, UnpatchableTargetError
 
 __all__ = ["Explanation", "active", "explain", "fingerprint_lines", "name_stacks", "summary"]
 
@@ -41,9 +42,15 @@ class Explanation:
 
 def explain(installs: Store, name: str, patches: tuple[Patch, ...], obj: Any) -> Explanation:
     """What applying ``patches`` on ``obj`` through ``installs``' registry would do now, without doing it."""
-    rows = []
+    rows: list[tuple[str, str, str, str]] = []
+    try:
+        disabled = off(name, patches)  # PATCHREG_DISABLE: skipped, as an apply skips them
+    except PatchError as exc:  # an essential patch is disabled: the apply would refuse
+        return Explanation(name, tuple((p.name, "-", "error", str(exc)) for p in patches if is_disabled(name, p)))
     for patch in patches:
-        rows.extend(_explain_one(installs, patch, obj))
+        rows.extend(
+            [(patch.name, "-", "skip", REASON)] if id(patch) in disabled else _explain_one(installs, patch, obj)
+        )
     return Explanation(name, tuple(rows))
 
 

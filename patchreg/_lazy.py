@@ -12,6 +12,7 @@ from typing import Any
 
 import wrapt
 
+from patchreg._disable import off
 from patchreg._plans import resolve_all
 from patchreg._stacks import Pending, Report
 from patchreg._store import LOCK, STORES, Store
@@ -38,7 +39,7 @@ def install_on_import(installs: Store, pending: Pending, module: Any) -> None:
     if pending.state != "pending":
         return
     try:
-        work, skipped = resolve_all((pending.patch,), None)
+        work, skipped = resolve_all((pending.patch,), None, disabled=off(pending.ledger.set_name, (pending.patch,)))
         with LOCK:
             if not installs.take_on_import(pending, work, skipped):
                 return

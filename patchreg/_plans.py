@@ -12,10 +12,11 @@ from __future__ import annotations
 import logging
 import types
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from patchreg._checks import check_mapping, check_patchable, name_patch, report_skips, warn_not_found
+from patchreg._disable import SKIP as DISABLED
 from patchreg._guards import Guards, guard_check, trace
 from patchreg._namespace import ABSENT, bind_like, label, own_value
 from patchreg._predicates import on_refresh
@@ -314,18 +315,24 @@ def _bind_mode(patch: Patch, stack: Stack, holder: Any) -> int:
 
 
 def resolve_all(
-    patches: tuple[Patch, ...], obj: Any, traces: list[Trace] | None = None, warn: bool | None = None
+    patches: tuple[Patch, ...],
+    obj: Any,
+    traces: list[Trace] | None = None,
+    warn: bool | None = None,
+    disabled: Collection[int] = (),
 ) -> tuple[list[Work], list[tuple[str, str]]]:
     """Evaluate predicates and resolve targets, outside the lock; changes nothing.
 
     With ``traces``, also appends what a :class:`Plan` needs per patch. With ``warn=None`` (an
     apply's default), a target not found is logged once per patch and process (:func:`warn_not_found`).
+    ``disabled``: the identities of the patches ``PATCHREG_DISABLE`` names (:func:`patchreg._disable.off`),
+    skipped as a predicate saying no is.
     """
     work: list[Work] = []
     skipped = []
     for patch in patches:
         try:
-            answer = patch.when.evaluate()
+            answer = DISABLED if disabled and id(patch) in disabled else patch.when.evaluate()
             found = resolve(patch, obj) if answer.ok else ""
         except PatchError as exc:  # from a predicate, a selector or a check: say which patch it was about
             name_patch(exc, patch)

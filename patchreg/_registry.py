@@ -33,6 +33,7 @@ from typing import Any, Generic, TypeVar, cast
 
 from patchreg import _explain, _lazy
 from patchreg._checks import report_skips
+from patchreg._disable import off
 from patchreg._explain import Explanation
 from patchreg._plans import SEEN_MAX, Plan, Trace, Work, generation, locate, plan_key, plannable, resolve_all, take_plan
 from patchreg._records import Installed, Patch, Target, patches_of
@@ -108,12 +109,15 @@ class Registry:
         """:meth:`apply` without a plan: resolve, take, and (on a second apply of ``target`` on ``obj``) make one."""
         installs = self._installs
         name, patches = patches_of(target)
+        disabled = off(name, patches)  # PATCHREG_DISABLE: skipped (an essential one refuses), never waiting
         waiting = [p for p in patches if p.is_global and p.where.module not in sys.modules] if lazy else []  # type: ignore[union-attr]
+        if disabled and waiting:
+            waiting = [p for p in waiting if id(p) not in disabled]
         plan_it = not lazy and plannable(target, obj) and installs.again(plan_key(target, obj), SEEN_MAX)
         traces: list[Trace] | None = [] if plan_it else None
         gen = generation[0]
         todo = tuple(p for p in patches if p not in waiting) if waiting else patches
-        work, skipped = resolve_all(todo, obj, traces, warn)
+        work, skipped = resolve_all(todo, obj, traces, warn, disabled)
         ledger = self._take_work(name, work, skipped, strict, warn, waiting, patches)
         if traces is not None and not ledger.waiting:
             with LOCK:

@@ -14,6 +14,7 @@ PUBLIC = {
     "patchreg": "patchreg/__init__.py",
     "patches.megatron": "patches/megatron/__init__.py",
     "patches.vllm": "patches/vllm/__init__.py",
+    "patchreg.distributed": "patchreg/distributed.py",
 }
 
 

@@ -98,7 +98,12 @@ def test_every_engine_module_is_in_the_architecture_guide_in_import_order() -> N
 
 
 #: engine modules whose tests live in a file named otherwise
-TESTED_IN = {"__init__": "test_registry.py", "__main__": "test_cli.py", "testing": "test_testing_plugin.py"}
+TESTED_IN = {
+    "__init__": "test_registry.py",
+    "__main__": "test_cli.py",
+    "testing": "test_testing_plugin.py",
+    "verl_plugin": "test_bootstrap_env.py",
+}
 
 
 @pytest.mark.parametrize("path", ENGINE, ids=lambda p: p.name)

@@ -240,6 +240,7 @@ HYBRID_MTP_DETACH_SET = PatchSet(
 
 _SETS = {(GPT_FAMILY, False): MTP_SET, (GPT_FAMILY, True): MTP_DETACH_SET}
 _SETS.update({(HYBRID_FAMILY, False): HYBRID_MTP_SET, (HYBRID_FAMILY, True): HYBRID_MTP_DETACH_SET})
+patchreg.essential(POSTPROCESS, POSTPROCESS_DETACHED, HYBRID_FORWARD, HYBRID_FORWARD_DETACHED)  # PATCHREG_DISABLE: refuse
 
 
 #: bare model class -> its patch set, per detach_encoder (one dict each: a block looks up one)
