@@ -24,6 +24,7 @@ from patches.megatron.mtp import (
     MTPReport,
     mtp_patched,
 )
+from patches.megatron.verify import MTPVerification, verify_mtp
 
 __all__ = [
     "CHECKPOINTED_FORWARD",
@@ -41,8 +42,10 @@ __all__ = [
     "MTPConflictError",
     "MTPPatchError",
     "MTPReport",
+    "MTPVerification",
     "MissingUpstreamArgumentError",
     "UnsupportedModelError",
     "cpu_patched",
     "mtp_patched",
+    "verify_mtp",
 ]
