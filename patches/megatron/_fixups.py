@@ -27,13 +27,14 @@ import copy
 from typing import Any
 
 import patchreg
-from patches.megatron._compat import MTP, upstream
+from patches.megatron._compat import GPT, MTP, upstream
 from patches.megatron._verified import ROLL_PACKED_BODY
-from patchreg import Patch, PatchSet, accepts, check, not_needed_when, requires
+from patchreg import Patch, PatchSet, accepts, check, has, not_needed_when, requires
 
 __all__ = [
     "MTP_FIXUPS_SET",
     "PACKED_PADDED_ROLL",
+    "PACKED_PADDED_ROLL_GPT",
     "PROBE_PACK",
     "around_forward",
     "fixup_lines",
@@ -96,6 +97,8 @@ def padded_roll_is_right() -> tuple[bool, str]:
     )
 
 
+_PADDED_ROLL_IS_RIGHT = check(padded_roll_is_right, "roll_tensor rolls a padded pack on its padded boundaries")
+
 PACKED_PADDED_ROLL = Patch(
     "packed_padded_roll",
     f"{MTP}:roll_tensor",
@@ -103,14 +106,37 @@ PACKED_PADDED_ROLL = Patch(
     kind="wrap",
     when=requires("megatron-core>=0.16")
     & accepts(f"{MTP}:roll_tensor", "packed_seq_params")
-    & not_needed_when(check(padded_roll_is_right, "roll_tensor rolls a padded pack on its padded boundaries")),
+    & not_needed_when(_PADDED_ROLL_IS_RIGHT),
     doc="MTP rolls packed sequences on their padded boundaries (cu_seqlens_q_padded), as the pack is laid out",
+    verified=ROLL_PACKED_BODY,
+)
+
+
+def _gpt_rolls_through_mtp() -> tuple[bool, str]:
+    """0.17+: gpt_model imports no roll_tensor (its MTP loss is process_mtp_loss's, which packed_padded_roll covers)."""
+    if has(f"{GPT}:roll_tensor").evaluate().ok:
+        return False, "GPTModel._postprocess rolls the MTP labels with the roll_tensor gpt_model imported (0.16)"
+    return True, "gpt_model imports no roll_tensor: its MTP loss rolls through the MTP module's (packed_padded_roll)"
+
+
+# 0.16 computes the MTP loss inline in GPTModel._postprocess with the roll_tensor gpt_model imported by name
+# (0.17+ call process_mtp_loss in the MTP module): upstream's own labels and mask roll through this one.
+PACKED_PADDED_ROLL_GPT = Patch(
+    "packed_padded_roll_gpt",
+    f"{GPT}:roll_tensor",
+    roll_on_padded_boundaries,
+    kind="wrap",
+    when=requires("megatron-core>=0.16")
+    & not_needed_when(check(_gpt_rolls_through_mtp, "gpt_model calls no roll_tensor of its own"))
+    & accepts(f"{GPT}:roll_tensor", "packed_seq_params")
+    & not_needed_when(_PADDED_ROLL_IS_RIGHT),
+    doc="as packed_padded_roll, for the roll_tensor gpt_model imported by name (0.16: the MTP loss's labels and mask)",
     verified=ROLL_PACKED_BODY,
 )
 
 MTP_FIXUPS_SET = PatchSet(
     "megatron-mtp-fixups",
-    (PACKED_PADDED_ROLL,),
+    (PACKED_PADDED_ROLL, PACKED_PADDED_ROLL_GPT),
     doc="fix-ups of upstream MTP bugs that give wrong numbers silently; for upstream's own MTP, without mtp_patched",
 )
 

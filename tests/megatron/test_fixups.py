@@ -169,7 +169,7 @@ def _upstream(model: Any, batch: dict[str, Any], fixup: bool, depth: int) -> tup
     MTPLossLoggingHelper.tracker.clear()
     if fixup:
         with patchreg.Registry("fixups").patched(MTP_FIXUPS_SET) as report:
-            assert [e.patch for e in report.entries] == ["packed_padded_roll"]
+            assert "packed_padded_roll" in {e.patch for e in report.entries}
             out, grads = _step(model, batch)
     else:
         out, grads = _step(model, batch)

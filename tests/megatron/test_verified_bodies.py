@@ -26,7 +26,11 @@ HYBRID_DECLARED = (
 
 
 @pytest.mark.no_distributed
-@pytest.mark.parametrize("names", [DECLARED, HYBRID_DECLARED, ("packed_padded_roll",)], ids=["gpt", "hybrid", "fixups"])
+@pytest.mark.parametrize(
+    "names",
+    [DECLARED, HYBRID_DECLARED, ("packed_padded_roll", "packed_padded_roll_gpt")],
+    ids=["gpt", "hybrid", "fixups"],
+)
 def test_the_mtp_patches_declare_their_upstream_bodies(names: tuple[str, ...]) -> None:
     """The GPTModel and HybridModel / MambaModel MTP patches and the fix-ups each declare the megatron-core body they
     were verified against."""
