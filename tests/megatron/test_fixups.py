@@ -246,3 +246,25 @@ def test_the_block_applies_the_fixup_only_around_a_padded_forward() -> None:
         assert vars(mtp)["roll_tensor"] is upstream_roll
     assert seen == [False, True]
     assert "fix-up packed_padded_roll: applied around each forward given a padded pack" in str(report)
+
+
+@pytest.mark.no_distributed
+def test_each_fixup_says_whether_it_applies_here() -> None:
+    """Every fix-up of MTP_FIXUPS_SET answers with a reason (the matrix prints it per release), and where the
+    probe finds upstream wrong on a release with a packed MTP roll, packed_padded_roll applies."""
+    states = {}
+    for patch in MTP_FIXUPS_SET:
+        answer = patch.when.evaluate()
+        assert answer.reason
+        why = answer.reason.split("needed: ", 1)[-1] if answer.ok else answer.reason  # the probe's own words
+        states[patch.name] = f"active ({why})" if answer.ok else why
+    record_measurement("fixups", states)  # type: ignore[arg-type]
+    from patches.megatron._fixups import padded_roll_is_right
+
+    try:
+        from megatron.core.transformer.multi_token_prediction import roll_tensor
+    except ImportError:
+        roll_tensor = None
+    takes_packs = roll_tensor is not None and "packed_seq_params" in roll_tensor.__code__.co_varnames
+    if takes_packs and not padded_roll_is_right()[0]:
+        assert PACKED_PADDED_ROLL.when.evaluate().ok
