@@ -97,6 +97,18 @@ def padded_roll_is_right() -> tuple[bool, str]:
     )
 
 
+def _no_packed_roll() -> tuple[bool, str]:
+    """Before 0.16 ``roll_tensor`` takes no ``packed_seq_params``: MTP has no packed roll to fix."""
+    try:
+        roll_tensor = upstream(MTP, "roll_tensor")
+    except ImportError as exc:
+        return False, f"megatron-core cannot be imported ({exc})"
+    if roll_tensor is None or not accepts(f"{MTP}:roll_tensor", "packed_seq_params").evaluate().ok:
+        return True, "roll_tensor takes no packed_seq_params on this release: MTP has no packed roll to fix"
+    return False, "roll_tensor rolls packed sequences (packed_seq_params)"
+
+
+_NO_PACKED_ROLL = not_needed_when(check(_no_packed_roll, "MTP has no packed roll on this release"))
 _PADDED_ROLL_IS_RIGHT = check(padded_roll_is_right, "roll_tensor rolls a padded pack on its padded boundaries")
 
 PACKED_PADDED_ROLL = Patch(
@@ -104,9 +116,7 @@ PACKED_PADDED_ROLL = Patch(
     f"{MTP}:roll_tensor",
     roll_on_padded_boundaries,
     kind="wrap",
-    when=requires("megatron-core>=0.16")
-    & accepts(f"{MTP}:roll_tensor", "packed_seq_params")
-    & not_needed_when(_PADDED_ROLL_IS_RIGHT),
+    when=_NO_PACKED_ROLL & requires("megatron-core>=0.16") & not_needed_when(_PADDED_ROLL_IS_RIGHT),
     doc="MTP rolls packed sequences on their padded boundaries (cu_seqlens_q_padded), as the pack is laid out",
     verified=ROLL_PACKED_BODY,
 )
@@ -126,7 +136,8 @@ PACKED_PADDED_ROLL_GPT = Patch(
     f"{GPT}:roll_tensor",
     roll_on_padded_boundaries,
     kind="wrap",
-    when=requires("megatron-core>=0.16")
+    when=_NO_PACKED_ROLL
+    & requires("megatron-core>=0.16")
     & not_needed_when(check(_gpt_rolls_through_mtp, "gpt_model calls no roll_tensor of its own"))
     & accepts(f"{GPT}:roll_tensor", "packed_seq_params")
     & not_needed_when(_PADDED_ROLL_IS_RIGHT),

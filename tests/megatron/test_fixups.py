@@ -256,7 +256,7 @@ def test_each_fixup_says_whether_it_applies_here() -> None:
     for patch in MTP_FIXUPS_SET:
         answer = patch.when.evaluate()
         assert answer.reason
-        why = answer.reason.split("needed: ", 1)[-1] if answer.ok else answer.reason  # the probe's own words
+        why = answer.reason.rsplit("needed: ", 1)[-1] if answer.ok else answer.reason  # the probe's own words
         states[patch.name] = f"active ({why})" if answer.ok else why
     record_measurement("fixups", states)  # type: ignore[arg-type]
     from patches.megatron._fixups import padded_roll_is_right
