@@ -3,7 +3,10 @@
 Usage: ``python scripts/matrix_summary.py .matrix/<ver>.measurements.jsonl`` (scripts/test-matrix.sh calls it).
 Per model class (GPTModel, HybridModel, MambaModel): the max abs diff of the logits and of the MTP
 gradients against the independent reference, upstream-RL-mode parity (``labels=None``) where the
-release has that mode, and for each detach mode the patches installed and skipped (with the reason).
+release has that mode, and for each detach mode the patches installed, those natively covered (skipped
+as not needed: upstream does it right here) and those skipped otherwise (with the reason). Then the
+fix-ups of upstream bugs (``MTP_FIXUPS_SET``): active here or not, and why, with the packed-padded
+figures with and without the fix-up.
 """
 
 from __future__ import annotations
@@ -40,8 +43,30 @@ def patch_lines(rows: list[dict[str, Any]]) -> list[str]:
         parts = [f"{name} installed" for name in row["value"]["installed"]]
         for name, reason in row["value"]["skipped"].items():
             short = reason if len(reason) <= REASON_WIDTH else reason[: REASON_WIDTH - 1] + "…"
-            parts.append(f"{name} skipped ({short})")
+            if reason.startswith("not needed"):  # natively covered: upstream does it right on this release
+                state = "natively covered" if "upstream" in reason else "not needed"
+            else:
+                state = "skipped"
+            parts.append(f"{name} {state} ({short})")
         lines.append(f"      detach_encoder={detach}: " + "; ".join(parts))
+    return lines
+
+
+def fixup_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The fix-ups' state on this release and the packed-padded figures (max over the cases) with and without."""
+    lines = []
+    for row in rows:
+        if row["key"] == "fixups":
+            for name, state in row["value"].items():
+                short = state if len(state) <= REASON_WIDTH else state[: REASON_WIDTH - 1] + "…"
+                lines.append(f"    fix-up {name}: {short}")
+    fixed, unfixed = worst(rows, "packed-padded fixed loss"), worst(rows, "packed-padded unfixed loss")
+    if not math.isnan(fixed) or not math.isnan(unfixed):
+        lines.append(
+            f"      packed-padded vs bshd: with the fix-up loss {number(fixed)} | mtp grads "
+            f"{number(worst(rows, 'packed-padded fixed mtp grad'))}; without: loss {number(unfixed)} | mtp grads "
+            f"{number(worst(rows, 'packed-padded unfixed mtp grad'))}"
+        )
     return lines
 
 
@@ -53,7 +78,7 @@ def summary(path: str) -> list[str]:
         return ["    (no measurements)"]
     lines = []
     for cls in CLASSES:
-        mine = [r for r in rows if model_of(r["key"]) == cls]
+        mine = [r for r in rows if model_of(r["key"]) == cls and not r["key"].startswith(("fixups", "packed-padded"))]
         if not mine:
             continue
         rl = worst(mine, "rl-mode parity")
@@ -63,6 +88,7 @@ def summary(path: str) -> list[str]:
             f"| {rl_text}"
         )
         lines += patch_lines(mine)
+    lines += fixup_lines(rows)
     return lines or ["    (no measurements)"]
 
 

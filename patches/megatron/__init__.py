@@ -15,13 +15,16 @@ from patches.megatron.mtp import (
     HYBRID_MTP_DETACH_SET,
     HYBRID_MTP_SET,
     MTP_DETACH_SET,
+    MTP_FIXUPS_SET,
     MTP_SET,
+    PACKED_PADDED_ROLL,
     POSTPROCESS,
     POSTPROCESS_DETACHED,
     MTPBlock,
     MTPReport,
     mtp_patched,
 )
+from patches.megatron.verify import MTPVerification, verify_mtp
 
 __all__ = [
     "CHECKPOINTED_FORWARD",
@@ -30,15 +33,19 @@ __all__ = [
     "HYBRID_MTP_DETACH_SET",
     "HYBRID_MTP_SET",
     "MTP_DETACH_SET",
+    "MTP_FIXUPS_SET",
     "MTP_SET",
+    "PACKED_PADDED_ROLL",
     "POSTPROCESS",
     "POSTPROCESS_DETACHED",
     "MTPBlock",
     "MTPConflictError",
     "MTPPatchError",
     "MTPReport",
+    "MTPVerification",
     "MissingUpstreamArgumentError",
     "UnsupportedModelError",
     "cpu_patched",
     "mtp_patched",
+    "verify_mtp",
 ]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from patches.megatron import _fixups
 from patches.megatron._compat import binder, parameters
 from patches.megatron._loss import attach_mtp_loss, rl_mode
 from patches.megatron._postprocess import in_inference
@@ -57,8 +58,12 @@ def _forward(self: Any, args: tuple[Any, ...], kwargs: dict[str, Any], detach: b
     if stack is None:
         stack = _calls.stack = []
     stack.append(_Call(self, a["labels"], a.get("loss_mask"), detach))
+    fixups = _fixups.around_forward(a.get("packed_seq_params"))  # a padded pack: upstream's roll is fixed up
     try:
-        return forward(self, **{**a, "labels": None})
+        if fixups is None:
+            return forward(self, **{**a, "labels": None})
+        with fixups:
+            return forward(self, **{**a, "labels": None})
     finally:
         stack.pop()
 

@@ -4,8 +4,9 @@ Per depth ``d`` (1-based): logits of the d-th MTP hidden states through the shar
 layer, labels and loss mask rolled ``d`` positions left (``roll_tensor`` of the release),
 masked cross-entropy normalised by the clamped number of valid tokens, attached to the
 main hidden states with ``MTPLossAutoScaler`` and scaled by
-``mtp_loss_scaling_factor / mtp_num_layers`` (``calculate_per_token_loss`` renormalises
-against the main loss's token count, as Megatron-Core 0.17+ does).
+``mtp_loss_scaling_factor / mtp_num_layers``. With ``calculate_per_token_loss`` each release's
+own semantics: 0.17+ (``process_mtp_loss``) renormalises against the main loss's token count
+(``masked * main tokens / depth tokens``); 0.13-0.16 attach the masked sum unnormalised.
 """
 
 from __future__ import annotations
@@ -16,13 +17,26 @@ from collections.abc import Sequence
 from typing import Any
 
 from patches.megatron._compat import MTP, adapter, module, per_function, upstream
-from patchreg import accepts
+from patchreg import accepts, has
 
 #: Upstream's RL mode (0.19+): ``process_mtp_loss(..., labels=None, input_ids=...)`` derives the MTP labels.
 RL_MODE = accepts(f"{MTP}:process_mtp_loss", "input_ids")
 _RL_MODE: list[bool] = []  # the predicate's answer, once read
+#: 0.17+ renormalises a per-token MTP loss against the main loss's token count (in ``process_mtp_loss``);
+#: 0.13-0.16 attach ``scale * masked`` as it is. The patches follow the installed release.
+PER_TOKEN_RENORMALISED = has(f"{MTP}:process_mtp_loss")
+_RENORMALISED: list[bool] = []
 
-__all__ = ["RL_MODE", "LastLosses", "attach_mtp_loss", "last_losses", "process_groups", "rl_mode", "roll"]
+__all__ = [
+    "PER_TOKEN_RENORMALISED",
+    "RL_MODE",
+    "LastLosses",
+    "attach_mtp_loss",
+    "last_losses",
+    "process_groups",
+    "rl_mode",
+    "roll",
+]
 
 
 class LastLosses:
@@ -103,6 +117,13 @@ def rl_mode() -> bool:
     return _RL_MODE[0]
 
 
+def per_token_renormalised() -> bool:
+    """Whether this release renormalises a per-token MTP loss against the main token count (0.17+)."""
+    if not _RENORMALISED:
+        _RENORMALISED.append(PER_TOKEN_RENORMALISED.evaluate().ok)
+    return _RENORMALISED[0]
+
+
 def rl_labels(args: dict[str, Any], cp_group: Any, packed: Any) -> tuple[Any, Any]:
     """Upstream's RL mode: labels are ``input_ids`` rolled left once, and the mask (aligned with ``input_ids``)
     is rolled with them, so the fabricated last label is masked; no mask: all ones, then rolled."""
@@ -140,7 +161,8 @@ def attach_mtp_loss(
     total_tokens = mask.sum()
     weight = _head_weight(model, output_weight, detach)
     scale = cfg.mtp_loss_scaling_factor / cfg.mtp_num_layers
-    per_token = cfg.calculate_per_token_loss  # renormalise against the main loss's token count
+    per_token = cfg.calculate_per_token_loss  # the release's own per-token semantics (see the module docstring)
+    renormalise = per_token and per_token_renormalised()
     scaler = upstream(MTP, "MTPLossAutoScaler")
     log = _TrackerLog(model, tp_group, gather) if model.training else None
     losses = []
@@ -153,7 +175,10 @@ def attach_mtp_loss(
         losses.append((masked.sum() / tokens).detach())
         if log is not None:
             log.save(losses[-1], logits, labels, mask, depth)
-        scaled = scale * masked * (total_tokens / tokens) if per_token else scale * masked / tokens
+        if per_token:
+            scaled = scale * masked * (total_tokens / tokens) if renormalise else scale * masked
+        else:
+            scaled = scale * masked / tokens
         hidden = scaler.apply(hidden, scaled)
     last_losses.record(model, tuple(losses))
     return hidden

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from patches.megatron import _fixups
 from patches.megatron._compat import adapter, binder, parameters, per_function, upstream
 from patches.megatron._loss import attach_mtp_loss, process_groups, rl_mode, roll
 
@@ -57,11 +58,20 @@ def in_inference(self: Any, a: dict[str, Any]) -> bool:
 
 
 def _postprocess(self: Any, args: tuple[Any, ...], kwargs: dict[str, Any], detach: bool) -> Any:
-    import torch
-
     a = _bind(self, args, kwargs)
     if in_inference(self, a):
         return type(self)._postprocess(self, *args, **kwargs)
+    fixups = _fixups.around_forward(a.get("packed_seq_params"))  # a padded pack: upstream's roll is fixed up
+    if fixups is None:
+        return _train(self, a, detach)
+    with fixups:
+        return _train(self, a, detach)
+
+
+def _train(self: Any, a: dict[str, Any], detach: bool) -> Any:
+    """The patched postprocess outside inference: MTP, its loss attached, logits."""
+    import torch
+
     hidden, depth = a["hidden_states"], self.config.mtp_num_layers or 0
     output_weight = self.shared_embedding_or_output_weight() if self.share_embeddings_and_output_weights else None
     states: list[Any] = []

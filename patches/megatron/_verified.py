@@ -27,6 +27,7 @@ __all__ = [
     "MAMBA_MTP_LOSS_BODY",
     "MTP_BLOCK_FORWARD_BODY",
     "POSTPROCESS_BODY",
+    "ROLL_PACKED_BODY",
 ]
 
 POSTPROCESS_BODY = Verified(
@@ -102,5 +103,18 @@ MTP_BLOCK_FORWARD_BODY = Verified(
         "0.17.1": "5b59b08d7d765e0c",
         "0.18.2": "9f47bee3e7d309fe",
         "0.19.2": "97b6206c48d50640",
+    },
+)
+
+# The packed_padded_roll fix-up wraps roll_tensor and relies on the packed roll reading the boundaries from
+# packed_seq_params.cu_seqlens_q alone (it hands it the padded ones): the body of _roll_tensor_packed_seq.
+ROLL_PACKED_BODY = Verified(
+    "megatron-core",
+    f"{MTP}:_roll_tensor_packed_seq",
+    {
+        "0.16.1": "90277f58d699c6b6",
+        "0.17.1": "24f0015d18248a39",
+        "0.18.2": "24f0015d18248a39",
+        "0.19.2": "24f0015d18248a39",
     },
 )

@@ -12,6 +12,10 @@ model is the upstream model again. Patches, each gated per release by its predic
   block's ``forward``; ``detach_encoder=True`` only)
 - both: ``detach_embeddings`` (each MTP layer's ``_get_embeddings``; ``detach_encoder=True`` only)
   and ``checkpointed_forward`` (each MTP layer's ``_checkpointed_forward``, where upstream recompute is broken)
+- fix-ups of upstream bugs that give wrong numbers silently, gated by a probe of upstream's behaviour and
+  applied by the patched forwards around a forward that needs them: ``packed_padded_roll`` (a wrap of
+  ``roll_tensor``: padded packed sequences roll on their padded boundaries); alone in ``MTP_FIXUPS_SET``
+  for users of upstream's own MTP
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any, cast
 
 import patchreg
 from patches.megatron._compat import GPT, MTP, mcore_version, parameters, upstream
+from patches.megatron._fixups import MTP_FIXUPS_SET, PACKED_PADDED_ROLL, fixup_lines
 from patches.megatron._hybrid import (
     hybrid_forward,
     hybrid_forward_detached,
@@ -64,7 +69,9 @@ __all__ = [
     "HYBRID_MTP_SET",
     "MAMBA_MTP_LOSS",
     "MTP_DETACH_SET",
+    "MTP_FIXUPS_SET",
     "MTP_INPUT_DETACHED",
+    "PACKED_PADDED_ROLL",
     "MTP_SET",
     "POSTPROCESS",
     "POSTPROCESS_DETACHED",
@@ -147,6 +154,9 @@ CHECKPOINTED_FORWARD = Patch(
     verified=CHECKPOINTED_FORWARD_BODY,
 )
 
+# Fix-ups of upstream bugs that give wrong numbers without raising (patches.megatron._fixups): declared there,
+# applied by the patched forwards of every set below around a forward that needs them, and alone by
+# MTP_FIXUPS_SET for users of upstream's own RL mode.
 MTP_SET = PatchSet("megatron-mtp", (POSTPROCESS, CHECKPOINTED_FORWARD), doc="MTP for PPO; trunk trained by MTP")
 MTP_DETACH_SET = PatchSet(
     "megatron-mtp-detached",
@@ -324,6 +334,8 @@ class MTPReport:
         losses = ", ".join(f"depth {i + 1}: {loss:.4f}" for i, loss in enumerate(self.mtp_losses))
         lines = [head, str(self.report)]  # the engine's lines: each install, skip (why) and upstream body check
         lines += textwrap.wrap(f"note: {self.note}", _WIDTH, subsequent_indent="  ") if self.note else []
+        for line in fixup_lines():
+            lines += textwrap.wrap(line, _WIDTH, subsequent_indent="  ")
         return "\n".join([*lines, f"mtp losses (last step): {losses or 'none yet'}"])
 
     def __repr__(self) -> str:

@@ -65,3 +65,20 @@ def test_doctor_cpu_shims_per_release() -> None:
             assert "loss's device" in str(loss["reason"])
         else:
             assert loss["install"] is True
+
+
+def test_doctor_on_the_fixups() -> None:
+    """The fix-ups are fine on every release (exit 0): not needed before 0.16 (no packed MTP roll) and where upstream
+    rolls a padded pack right; packed_padded_roll installs where the probe finds the unpadded roll (0.16.1-0.19.2)."""
+    from patches.megatron._fixups import padded_roll_is_right
+
+    status, rows = doctor("megatron-mtp-fixups")
+    roll = rows["megatron-mtp-fixups.packed_padded_roll"]
+    gpt = rows["megatron-mtp-fixups.packed_padded_roll_gpt"]
+    assert status == 0, rows
+    if mcore < Version("0.16"):
+        assert (roll["install"], roll["needed"]) == (False, False)
+        assert "no packed roll" in str(roll["reason"])
+        return
+    assert roll["install"] is (not padded_roll_is_right()[0])
+    assert gpt["install"] is (mcore < Version("0.17") and not padded_roll_is_right()[0])

@@ -34,8 +34,10 @@ from tests.megatron.conftest import (
     grad_of,
     make_batch,
     mtp_params,
+    record_measurement,
     reference,
     rel_err,
+    roll_left,
     unwrap,
 )
 
@@ -118,14 +120,30 @@ def test_all_masked_batch_gives_finite_zero_mtp_loss(detach: bool) -> None:
         assert param.grad is None or torch.count_nonzero(param.grad) == 0, name
 
 
-def test_per_token_loss_renormalises_against_the_main_token_count() -> None:
-    """With calculate_per_token_loss the MTP gradient is the reference's times the unrolled token count."""
+def test_per_token_loss_follows_the_releases_own_semantics() -> None:
+    """With calculate_per_token_loss the MTP gradient is the reference's times the unrolled token count on 0.17+
+    (renormalised against the main loss) and times the depth's own token count before (the masked sum)."""
+    from patches.megatron._loss import per_token_renormalised
+
     model, batch = build_gpt(calculate_per_token_loss=True), make_batch()
     _, want = reference_grads(model, batch)
     patched_step(model, batch, detach=True)
-    tokens = batch.loss_mask.sum()
+    tokens = batch.loss_mask.sum() if per_token_renormalised() else roll_left(batch.loss_mask, 1).sum()
     for name, param in mtp_params(model).items():
         assert rel_err(grad_of(param), want[name] * tokens) <= 1e-5, name
+
+
+def test_per_token_mtp_gradients_equal_upstreams_own() -> None:
+    """With calculate_per_token_loss the MTP layers' gradients equal upstream's own step's on this release."""
+    model, batch = build_gpt(calculate_per_token_loss=True), make_batch()
+    model.zero_grad(set_to_none=True)
+    (model(*batch.args(), **batch.kwargs()) * 0).sum().backward()
+    want = {name: grad_of(param).clone() for name, param in mtp_params(model).items()}
+    patched_step(model, batch, detach=False)
+    worst = max(float((grad_of(p) - want[n]).abs().max()) for n, p in mtp_params(model).items())
+    record_measurement("per-token mtp grad vs upstream", worst)
+    for name, param in mtp_params(model).items():
+        assert rel_err(grad_of(param), want[name]) <= 1e-5, name
 
 
 def rl_mode() -> bool:

@@ -7,11 +7,11 @@ import pytest
 pytest.importorskip("megatron.core", reason="megatron-core is not installed")
 
 import patchreg
-from patches.megatron.mtp import HYBRID_MTP_DETACH_SET, HYBRID_MTP_SET, MTP_DETACH_SET, MTP_SET
+from patches.megatron.mtp import HYBRID_MTP_DETACH_SET, HYBRID_MTP_SET, MTP_DETACH_SET, MTP_FIXUPS_SET, MTP_SET
 from tests.megatron.conftest import MCORE, build_gpt, make_batch
 from tests.megatron.hybrid_models import hybrid_skip_reason
 
-SETS = (MTP_SET, MTP_DETACH_SET, HYBRID_MTP_SET, HYBRID_MTP_DETACH_SET)
+SETS = (MTP_SET, MTP_DETACH_SET, HYBRID_MTP_SET, HYBRID_MTP_DETACH_SET, MTP_FIXUPS_SET)
 ALL = {p.name: p for s in SETS for p in s}
 PATCHES = {name: p for name, p in ALL.items() if p.verified is not None}
 DECLARED = ("postprocess", "postprocess_detached", "detach_embeddings", "checkpointed_forward")
@@ -26,9 +26,14 @@ HYBRID_DECLARED = (
 
 
 @pytest.mark.no_distributed
-@pytest.mark.parametrize("names", [DECLARED, HYBRID_DECLARED], ids=["gpt", "hybrid"])
+@pytest.mark.parametrize(
+    "names",
+    [DECLARED, HYBRID_DECLARED, ("packed_padded_roll", "packed_padded_roll_gpt")],
+    ids=["gpt", "hybrid", "fixups"],
+)
 def test_the_mtp_patches_declare_their_upstream_bodies(names: tuple[str, ...]) -> None:
-    """The GPTModel and HybridModel / MambaModel MTP patches each declare the megatron-core body they were verified against."""
+    """The GPTModel and HybridModel / MambaModel MTP patches and the fix-ups each declare the megatron-core body they
+    were verified against."""
     assert set(names) <= ALL.keys()
     assert set(names) <= PATCHES.keys(), sorted(set(names) - PATCHES.keys())
     assert all(PATCHES[name].verified.distribution == "megatron-core" for name in names)  # type: ignore[union-attr]
