@@ -52,6 +52,7 @@ __all__ = [
 logger = logging.getLogger("patchreg.vllm")
 
 _WORKER: Final = "vllm.v1.worker.gpu_worker:Worker"
+_CORE: Final = "vllm.v1.engine.core:EngineCore"
 _RUNNER: Final = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 _INPLACE: Final = "vllm.model_executor.model_loader.reload.inplace:reload_weights"
 
@@ -262,6 +263,7 @@ def _reload_drafter(worker: Any, draft: Any, call: _Call, keep: _Keep | None, le
     try:
         loaded = _loaded_by(draft, run)
     except Exception as exc:
+        _put_back(draft, config)
         ledger.error = f"{type(exc).__name__}: {exc}"
         msg = (
             f"The MTP drafter's reload failed after the target was written ({ledger.error}): the drafter is stale "
@@ -275,6 +277,23 @@ def _reload_drafter(worker: Any, draft: Any, call: _Call, keep: _Keep | None, le
     ledger.written |= loaded | _derived(draft)
     ledger.drafter_syncs += 1
     ledger.failed, ledger.error = None, ""
+
+
+def _put_back(draft: Any, config: Any) -> None:
+    """After a failed in-place reload: finish it as vLLM does (layers not loaded get their tensors back).
+
+    vLLM's reload first moves every layer to the meta device; a load that raises midway would
+    leave them there and the next forward pass fails. ``finalize_layerwise_reload`` places the
+    kept tensors back (the drafter stays stale, as its status says, but the engine runs).
+    """
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+    try:
+        with set_current_vllm_config(config):
+            finalize_layerwise_reload(draft, config.model_config)
+    except Exception:  # the original failure is the one to report
+        logger.exception("Putting the MTP drafter's tensors back after its failed reload failed too.")
 
 
 # --------------------------------------------------------------------------- weight-transfer sessions
@@ -315,7 +334,8 @@ def note_draft_session(wrapped: Any, worker: Any, args: tuple[Any, ...], kwargs:
 
 
 def patchreg_fingerprint(self: Any) -> dict[str, Any]:
-    """Worker method: this process's pid and patchreg fingerprint (``collective_rpc("patchreg_fingerprint")``)."""
+    """This process's pid and patchreg fingerprint: a method of vLLM's worker (``collective_rpc("patchreg_fingerprint")``)
+    and of its engine core (``engine_core.call_utility("patchreg_fingerprint")``)."""
     registry = patchreg.registry
     return {"pid": os.getpid(), "fingerprint": registry.fingerprint(), "lines": registry.fingerprint_lines()}
 
@@ -418,6 +438,14 @@ _WORKER_METHODS = [
         create=True,
         when=requires("vllm") & has(_WORKER),
         doc="collective_rpc('patchreg_fingerprint'): this worker's pid and patchreg fingerprint.",
+    ),
+    Patch(
+        "vllm.engine-core.patchreg-fingerprint",
+        f"{_CORE}.patchreg_fingerprint",
+        patchreg_fingerprint,
+        create=True,
+        when=requires("vllm") & has(_CORE),
+        doc="EngineCore utility 'patchreg_fingerprint' (engine_core.call_utility): the engine core's fingerprint.",
     ),
     Patch(
         "vllm.worker.patchreg-drafter-status",
