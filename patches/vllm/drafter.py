@@ -164,10 +164,6 @@ def _loaded_by(model: Any, run: Any) -> set[str]:
     return loaded
 
 
-def _params_by_id(model: Any) -> dict[int, str]:
-    return {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
-
-
 def _derived(draft: Any) -> set[str]:
     """Drafter parameters vLLM derives after loading (the attention layers it re-processes on every reload)."""
     try:
@@ -238,8 +234,8 @@ def sync_reload(wrapped: Any, worker: Any, args: tuple[Any, ...], kwargs: dict[s
 
 def _shared_written(target: Any, draft: Any, target_loaded: set[str]) -> set[str]:
     """The drafter's names of the tensors it shares with the target that the target's load wrote."""
-    target_ids = {i for i, n in _params_by_id(target).items() if n in target_loaded}
-    return {n for i, n in _params_by_id(draft).items() if i in target_ids}
+    written = {id(p) for n, p in target.named_parameters(remove_duplicate=False) if n in target_loaded}
+    return {n for n, p in draft.named_parameters() if id(p) in written}  # the names drafter_status lists
 
 
 def _reload_drafter(worker: Any, draft: Any, call: _Call, keep: _Keep | None, ledger: _Ledger) -> None:

@@ -182,23 +182,29 @@ async def _run_async(spec: dict[str, Any]) -> dict[str, Any]:
         **_EXTENSION,
         **mtp_engine_kwargs(),
     )
-    engine = AsyncLLM.from_engine_args(args)
+    held = [AsyncLLM.from_engine_args(args)]  # the only reference: dropped after shutdown, before exit
 
     async def generate(prompts: list[Any]) -> list[Any]:
         async def one(i: int, prompt: Any) -> Any:
             final = None
-            async for out in engine.generate(prompt, greedy(), request_id=f"r{i}-{id(prompts)}"):
+            async for out in held[0].generate(prompt, greedy(), request_id=f"r{i}-{id(prompts)}"):
                 final = out
             return final
 
         return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
 
+    async def rpc(method: Any, **kwargs: Any) -> Any:
+        return await held[0].collective_rpc(method, **kwargs)
+
+    async def core_fingerprint() -> Any:
+        return await held[0].engine_core.call_utility_async("patchreg_fingerprint")
+
     try:
-        spec = {**spec, "core_fingerprint": lambda: engine.engine_core.call_utility_async("patchreg_fingerprint")}
-        return await _scenario(spec, engine, engine.collective_rpc, generate)
+        return await _scenario({**spec, "core_fingerprint": core_fingerprint}, held[0], rpc, generate)
     finally:
-        engine.shutdown()
-        gc.collect()
+        held[0].shutdown()
+        held.clear()
+        gc.collect()  # before interpreter exit, where AsyncLLM.__del__ would shut it down again
 
 
 def main(spec_path: str) -> int:
