@@ -55,5 +55,5 @@ def test_the_sets_install_worker_methods_and_revert_exactly(vllm: Any) -> None:
 
 def test_drafter_status_needs_an_engine() -> None:
     """drafter_status() of something without collective_rpc is a TypeError naming what it takes."""
-    with pytest.raises(TypeError, match="vllm.LLM or AsyncLLM"):
+    with pytest.raises(TypeError, match=r"vllm\.LLM or AsyncLLM"):
         drafter_status(object())

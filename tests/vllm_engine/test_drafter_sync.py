@@ -21,6 +21,10 @@ import pytest
 
 from tests.vllm_engine.engines import REPO
 
+# The module's engines start in its first test's setup: about 4 minutes on a quiet 2-core machine, much more
+# on a shared one; pytest-timeout's default (600 s per test) would cut that setup short.
+pytestmark = pytest.mark.timeout(2400)
+
 SET = "vllm-mtp-drafter-sync"
 CHANNEL = "vllm-worker-channel"
 SYNC_PATCH = "vllm.worker.reload-weights-syncs-drafter"
@@ -61,7 +65,7 @@ def _run(name: str, root: Path, checkpoints: dict[str, Path]) -> dict[str, Any]:
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            timeout=600,
+            timeout=1200,
             check=False,
         )
     out = root / f"{name}.json"
