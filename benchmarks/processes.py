@@ -1,4 +1,4 @@
-"""Section 7: patches in every process: what ``bootstrap()``, ``PATCHREG_DISABLE`` and the agreement check cost.
+"""Section 8: patches in every process: what ``bootstrap()``, ``PATCHREG_DISABLE`` and the agreement check cost.
 
 Each figure comes from fresh processes (``python -m benchmarks.processes ROLE``), since the variables are read
 when a process starts: bootstrap's cost at start-up, the MTP block's cycle with ``PATCHREG_DISABLE`` naming
@@ -40,7 +40,7 @@ def _child(role: str, *args: str, env: dict[str, str] | None = None, timeout: in
 
 
 def processes(settings: Settings) -> Section:
-    """Section 7."""
+    """Section 8."""
     section = Section(
         7, "Patches in every process: bootstrap, PATCHREG_DISABLE, assert_consistent", ("measure", "figure")
     )
