@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export VLLM_TARGET_DEVICE := cpu
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: env demo test test-slow test-matrix test-vllm-engine test-verl lint bench bench-quick bench-cachesim bench-designs reliability docs docs-serve clean
+.PHONY: env demo test test-slow test-matrix test-vllm-engine test-verl bridge-overlay rl-loop test-rl-loop lint bench bench-quick bench-cachesim bench-designs reliability docs docs-serve clean
 
 env: $(STAMP)
 
@@ -48,6 +48,18 @@ $(VERL_OVERLAY)/.complete: $(STAMP)
 
 test-verl: $(VERL_OVERLAY)/.complete
 	PYTHONPATH=$(CURDIR)/$(VERL_OVERLAY):$(CURDIR) $(PY) -m pytest tests/verl -p no:cacheprovider $(PYTEST_ARGS)
+
+# Megatron-Bridge 0.6.2 without its dependencies (nvidia-resiliency-ext has only glibc-2.39 wheels,
+# fast-hadamard-transform needs nvcc), plus the pure-Python ones .venv lacks, in an overlay over .venv.
+BRIDGE_OVERLAY := .cache/bridge-overlay
+BRIDGE_STACK := megatron-bridge==0.6.2 omegaconf==2.4.0 antlr4-python3-runtime==4.9.3
+
+$(BRIDGE_OVERLAY)/.complete: $(STAMP)
+	rm -rf $(BRIDGE_OVERLAY)
+	$(PY) -m pip install -q --no-deps --target $(BRIDGE_OVERLAY) $(BRIDGE_STACK)
+	@touch $@
+
+bridge-overlay: $(BRIDGE_OVERLAY)/.complete
 
 lint: $(STAMP)
 	$(PY) -m ruff check patchreg patches tests examples benchmarks scripts
