@@ -1,0 +1,478 @@
+"""The MTP drafter follows the target through a weight sync, in vLLM's own worker processes.
+
+With MTP speculative decoding a vLLM worker holds two models: the target and the MTP
+drafter (``worker.get_draft_model()``, e.g. a ``DeepSeekMTP``). vLLM's in-place
+``reload_weights`` (``llm.collective_rpc("reload_weights", kwargs=...)``) writes the target
+only: the drafter keeps its old MTP layer (only the tensors it shares with the target, the
+embedding and the LM head, follow) and acceptance collapses, silently.
+
+Two patch sets, for ``PATCHREG_PATCHSETS`` (the ``patchreg`` vLLM general plugin applies them
+in every process vLLM starts: main, engine core, workers):
+
+- :data:`DRAFTER_SYNC` (``vllm-mtp-drafter-sync``): after the target's ``reload_weights``, the
+  drafter is reloaded in place from the same source with vLLM's own
+  ``model_loader.reload.inplace.reload_weights``: from the same path, or from the drafter's
+  tensors kept as the weight iterator streamed past (never a second read of the iterator).
+  vLLM's weight-transfer session (``start_weight_update``) writes one model per session: a
+  session without ``start_draft_weight_update`` logs a warning naming it. Every worker also
+  answers ``collective_rpc("patchreg_drafter_status")`` and ``collective_rpc("patchreg_fingerprint")``.
+- :data:`WORKER_CHANNEL` (``vllm-worker-channel``): only those two worker methods and the
+  bookkeeping of syncs (no drafter sync): what ``drafter_status(llm, require_sync=False)`` and
+  ``patchreg.distributed`` read where the drafter is left alone.
+
+A drafter tensor counts as written by a sync when the model's ``load_weights`` reported it
+(the target's for the tensors the drafter shares with it), or when vLLM derives it after
+loading (e.g. MLA's ``W_UV`` / ``W_UK_T``) and the drafter's reload ran. Nothing here imports
+vLLM or torch at module import.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import weakref
+from collections.abc import Iterable, Iterator
+from typing import Any, Final
+
+import attrs
+
+import patchreg
+from patchreg import Patch, PatchError, PatchSet, check, has, not_needed_when, requires
+
+__all__ = [
+    "DRAFTER_SYNC",
+    "WORKER_CHANNEL",
+    "active_sets",
+    "drafter_owns",
+    "set_fingerprint",
+]
+
+logger = logging.getLogger("patchreg.vllm")
+
+_WORKER: Final = "vllm.v1.worker.gpu_worker:Worker"
+_RUNNER: Final = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
+_INPLACE: Final = "vllm.model_executor.model_loader.reload.inplace:reload_weights"
+
+SYNC_DRAFTER: bool = False
+"""Whether the reload wrapper also reloads the drafter: set to True by :data:`DRAFTER_SYNC` (a value patch)."""
+
+
+# --------------------------------------------------------------------------- the per-worker ledger
+
+
+@attrs.define
+class _Ledger:
+    """What the syncs of one worker did: counts, the drafter tensors the last sync wrote, a failure."""
+
+    target_syncs: int = 0
+    drafter_syncs: int = 0
+    written: set[str] = attrs.Factory(set)  # drafter parameter names written by the last sync
+    failed: str | None = None  # "target" or "drafter" when the last sync raised there
+    error: str = ""
+    source: str = ""  # "path <p>", "iterator", "weight transfer"
+    lock: threading.Lock = attrs.Factory(threading.Lock)
+
+
+_LEDGERS: weakref.WeakKeyDictionary[Any, _Ledger] = weakref.WeakKeyDictionary()
+_LEDGERS_LOCK = threading.Lock()
+
+
+def _ledger(worker: Any) -> _Ledger:
+    with _LEDGERS_LOCK:
+        found = _LEDGERS.get(worker)
+        if found is None:
+            found = _LEDGERS[worker] = _Ledger()
+        return found
+
+
+# --------------------------------------------------------------------------- which tensors are the drafter's
+
+_LAYER: Final = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+_MTP: Final = re.compile(r"(?:^|\.)mtp(?:[._]|$)")
+
+
+def drafter_owns(name: str, num_hidden_layers: int) -> bool:
+    """True for a checkpoint tensor name of the MTP layers: ``*.layers.{i}.*`` with ``i >= num_hidden_layers``
+    (DeepSeek-V3, GLM-4 MoE, ...) or an ``mtp`` segment (``mtp.*``, ``model.mtp_layers.*``)."""
+    found = _LAYER.search(name)
+    if found is not None and int(found.group(1)) >= num_hidden_layers:
+        return True
+    return _MTP.search(name) is not None
+
+
+def _num_hidden_layers(worker: Any) -> int:
+    hf = worker.vllm_config.model_config.hf_config
+    text = getattr(hf, "get_text_config", None)
+    config = text() if callable(text) else hf
+    return int(config.num_hidden_layers)
+
+
+class _Keep:
+    """Pass a weight iterator through to the target once; keep a copy of the drafter's tensors as they pass."""
+
+    def __init__(self, source: Iterable[tuple[str, Any]], num_hidden_layers: int) -> None:
+        self._source = source
+        self._layers = num_hidden_layers
+        self.kept: list[tuple[str, Any]] = []
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        for name, tensor in self._source:
+            if drafter_owns(name, self._layers):
+                # a copy: an iterator may hand out views of a buffer it reuses for the next bucket
+                self.kept.append((name, tensor.detach().clone()))
+            yield name, tensor
+
+
+# --------------------------------------------------------------------------- capture what load_weights wrote
+
+
+_CAPTURED: dict[int, set[str]] = {}
+_CAPTURED_LOCK = threading.Lock()
+
+
+def _record_loaded(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Wrap a model's ``load_weights`` for one sync: remember the parameter names it reports loaded."""
+    loaded = wrapped(*args, **kwargs)
+    with _CAPTURED_LOCK:
+        _CAPTURED.setdefault(id(instance), set()).update(loaded or ())
+    return loaded
+
+
+# held in a tuple, not bound as a module-level PatchSet: it is applied to one model for one sync, never listed
+_CAPTURE: Final = (
+    PatchSet(
+        "vllm-drafter-sync-capture",
+        [Patch("vllm.drafter-sync.record-loaded", "load_weights", _record_loaded, kind="wrap")],
+        "for one sync: the names a model's load_weights reports loaded",
+    ),
+)
+
+
+def _loaded_by(model: Any, run: Any) -> set[str]:
+    """Run ``run()`` with ``model.load_weights`` recorded; the parameter names it loaded (also when it raised)."""
+    with _CAPTURED_LOCK:
+        _CAPTURED.pop(id(model), None)
+    try:
+        with patchreg.patched(_CAPTURE[0], model):
+            run()
+    finally:
+        with _CAPTURED_LOCK:
+            loaded = _CAPTURED.pop(id(model), set())
+    return loaded
+
+
+def _params_by_id(model: Any) -> dict[int, str]:
+    return {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
+
+
+def _derived(draft: Any) -> set[str]:
+    """Drafter parameters vLLM derives after loading (the attention layers it re-processes on every reload)."""
+    try:
+        from vllm.model_executor.layers.attention import is_deferred_attention_layer
+    except ImportError:  # older releases: no deferred attention processing
+        return set()
+    names: set[str] = set()
+    for prefix, module in draft.named_modules():
+        if is_deferred_attention_layer(module):
+            names.update(f"{prefix}.{n}" if prefix else n for n, _ in module.named_parameters())
+    return names
+
+
+# --------------------------------------------------------------------------- the reload wrapper
+
+
+@attrs.frozen
+class _Call:
+    iterator: Iterable[tuple[str, Any]] | None
+    path: str | None
+    checkpoint_format: bool
+
+
+def _bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call:
+    names = ("weights_iterator", "weights_path", "is_checkpoint_format")
+    given = dict(zip(names, args, strict=False))
+    unknown = set(kwargs) - set(names)
+    if unknown or len(args) > len(names) or set(given) & set(kwargs):
+        msg = f"reload_weights() got arguments the drafter sync cannot read: {sorted(unknown) or args!r}."
+        raise PatchError(msg)
+    given.update(kwargs)
+    return _Call(given.get("weights_iterator"), given.get("weights_path"), given.get("is_checkpoint_format", True))
+
+
+def _draft_of(worker: Any) -> Any:
+    get = getattr(worker, "get_draft_model", None)
+    spec = getattr(worker.vllm_config, "speculative_config", None)
+    if get is None or spec is None or getattr(spec, "method", None) != "mtp":
+        return None
+    return get()
+
+
+def sync_reload(wrapped: Any, worker: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Wrap ``Worker.reload_weights``: reload the target, then (with the drafter sync on) the MTP drafter."""
+    draft = _draft_of(worker)
+    ledger = _ledger(worker)
+    if draft is None:
+        return wrapped(*args, **kwargs)
+    call = _bind(args, kwargs)
+    keep = _Keep(call.iterator, _num_hidden_layers(worker)) if call.iterator is not None and SYNC_DRAFTER else None
+    target_kwargs = {
+        "weights_iterator": keep if keep is not None else call.iterator,
+        "weights_path": call.path,
+        "is_checkpoint_format": call.checkpoint_format,
+    }
+    with ledger.lock:
+        ledger.written, ledger.failed, ledger.error = set(), "target", "the target's reload did not finish"
+        ledger.source = "iterator" if call.iterator is not None else f"path {call.path or '(the current model)'}"
+        result: list[Any] = []
+        loaded = _loaded_by(worker.get_model(), lambda: result.append(wrapped(**target_kwargs)))
+        ledger.target_syncs += 1
+        ledger.written = _shared_written(worker.get_model(), draft, loaded)
+        ledger.failed, ledger.error = None, ""
+        if SYNC_DRAFTER:
+            _reload_drafter(worker, draft, call, keep, ledger)
+    return result[0]
+
+
+def _shared_written(target: Any, draft: Any, target_loaded: set[str]) -> set[str]:
+    """The drafter's names of the tensors it shares with the target that the target's load wrote."""
+    target_ids = {i for i, n in _params_by_id(target).items() if n in target_loaded}
+    return {n for i, n in _params_by_id(draft).items() if i in target_ids}
+
+
+def _reload_drafter(worker: Any, draft: Any, call: _Call, keep: _Keep | None, ledger: _Ledger) -> None:
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.reload.inplace import reload_weights
+
+    if keep is not None and not keep.kept:
+        ledger.failed, ledger.error = "drafter", "the weights held no tensor of the MTP drafter"
+        logger.warning(
+            "reload_weights got no tensor of the MTP drafter (names *.layers.{i}.* with i >= num_hidden_layers, "
+            "or mtp.*): the drafter keeps its old weights. Send the MTP layer's tensors with the target's."
+        )
+        return
+    ledger.failed, ledger.error = "drafter", "the drafter's reload did not finish"
+    config = worker.vllm_config
+
+    def run() -> None:
+        with set_current_vllm_config(config):
+            reload_weights(config, draft, keep.kept if keep else None, call.path, call.checkpoint_format)
+
+    try:
+        loaded = _loaded_by(draft, run)
+    except Exception as exc:
+        ledger.error = f"{type(exc).__name__}: {exc}"
+        msg = (
+            f"The MTP drafter's reload failed after the target was written ({ledger.error}): the drafter is stale "
+            "and speculative decoding will accept few drafts. drafter_status(llm) lists its stale tensors; fix the "
+            "weights and sync again."
+        )
+        raise PatchError(msg) from exc
+    finally:
+        if keep is not None:
+            keep.kept.clear()
+    ledger.written |= loaded | _derived(draft)
+    ledger.drafter_syncs += 1
+    ledger.failed, ledger.error = None, ""
+
+
+# --------------------------------------------------------------------------- weight-transfer sessions
+
+
+def warn_target_session(wrapped: Any, worker: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Wrap ``Worker.start_weight_update``: a target session leaves the MTP drafter stale; say so and note it."""
+    result = wrapped(*args, **kwargs)
+    draft = _draft_of(worker)
+    if draft is not None:
+        ledger = _ledger(worker)
+        with ledger.lock:
+            ledger.target_syncs += 1
+            ledger.written, ledger.source = set(), "weight transfer"
+            ledger.failed, ledger.error = "drafter", "a weight-transfer session wrote the target only"
+        logger.warning(
+            "vLLM's weight-transfer session writes the target only: the MTP drafter stays stale. After "
+            "finish_weight_update, send the drafter's tensors in a second session opened with "
+            "start_draft_weight_update (collective_rpc('start_draft_weight_update'))."
+        )
+    return result
+
+
+def note_draft_session(wrapped: Any, worker: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Wrap ``Worker.start_draft_weight_update``: the session that follows writes the drafter."""
+    result = wrapped(*args, **kwargs)
+    draft = _draft_of(worker)
+    if draft is not None:
+        ledger = _ledger(worker)
+        with ledger.lock:
+            ledger.drafter_syncs += 1
+            ledger.written = {n for n, _ in draft.named_parameters()}
+            ledger.failed, ledger.error = None, ""
+    return result
+
+
+# --------------------------------------------------------------------------- worker methods (by name)
+
+
+def patchreg_fingerprint(self: Any) -> dict[str, Any]:
+    """Worker method: this process's pid and patchreg fingerprint (``collective_rpc("patchreg_fingerprint")``)."""
+    registry = patchreg.registry
+    return {"pid": os.getpid(), "fingerprint": registry.fingerprint(), "lines": registry.fingerprint_lines()}
+
+
+def patchreg_drafter_status(self: Any) -> dict[str, Any]:
+    """Worker method: what the last weight sync did to the MTP drafter (``collective_rpc`` by name)."""
+    draft = _draft_of(self)
+    ledger = _ledger(self)
+    names = [n for n, _ in draft.named_parameters()] if draft is not None else []
+    with ledger.lock:
+        stale = sorted(set(names) - ledger.written) if ledger.target_syncs else []
+        if ledger.failed == "target":
+            stale = sorted(names)
+        record = {
+            "pid": os.getpid(),
+            "has_drafter": draft is not None,
+            "drafter_tensors": len(names),
+            "stale": stale,
+            "stale_model": ledger.failed,
+            "error": ledger.error,
+            "target_syncs": ledger.target_syncs,
+            "drafter_syncs": ledger.drafter_syncs,
+            "source": ledger.source,
+        }
+    record["sync_active"] = SYNC_DRAFTER
+    record["sets"] = active_sets()
+    record["fingerprint"] = patchreg.registry.fingerprint()
+    return record
+
+
+# --------------------------------------------------------------------------- sets active in a process
+
+
+def set_fingerprint(patch_set: PatchSet) -> str:
+    """A digest of a set's patches, targets, kinds and predicate answers: equal where the same set applies alike."""
+    import hashlib
+
+    lines = []
+    for p in patch_set:
+        answer = p.when.evaluate()
+        lines.append(f"{p.name}|{p.where}|{p.kind}|{answer.ok}|{answer.reason}")
+    return hashlib.sha256("\n".join(sorted(lines)).encode()).hexdigest()[:16]
+
+
+def active_sets() -> dict[str, str]:
+    """The vLLM sets active in this process (every patch that applies here is installed), with their fingerprints."""
+    out = {}
+    for patch_set in (DRAFTER_SYNC, WORKER_CHANNEL):
+        applicable = [p for p in patch_set if p.when.evaluate().ok]
+        if applicable and all(patchreg.registry.is_active(p) for p in applicable):
+            out[patch_set.name] = set_fingerprint(patch_set)
+    return out
+
+
+# --------------------------------------------------------------------------- the sets
+
+
+def _native_drafter_sync() -> tuple[bool, str]:
+    """Behavioural probe: does vLLM's own runner ``reload_weights`` write the draft model too?
+
+    Calls ``GPUModelRunner.reload_weights`` on a stand-in runner whose target and draft are two
+    one-tensor modules, with one tensor named as both have it, in kernel format (no loader, no
+    config). True only if the draft's tensor changed; anything unexpected answers False (the patch stays).
+    """
+    from types import SimpleNamespace
+
+    try:
+        import torch
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+        target, draft = (torch.nn.Linear(2, 2, bias=False).requires_grad_(False) for _ in range(2))
+        target.weight.zero_()
+        draft.weight.zero_()
+        config = SimpleNamespace(model_config=SimpleNamespace(quantization=None), load_config=None, lora_config=None)
+        runner = SimpleNamespace(
+            vllm_config=config,
+            get_model=lambda: target,
+            get_draft_model=lambda: draft,
+            reset_lora_state=lambda: None,
+            reset_encoder_cache=lambda: None,
+            reset_mm_cache=lambda: None,
+        )
+        GPUModelRunner.reload_weights(
+            runner, weights_iterator=[("weight", torch.ones(2, 2))], is_checkpoint_format=False
+        )
+    except Exception as exc:  # a release the probe does not fit: keep the patch
+        return False, f"the probe of vLLM's reload_weights did not run ({type(exc).__name__}: {exc})"
+    synced = bool(draft.weight.eq(1).all())
+    return synced, f"vLLM's reload_weights {'writes' if synced else 'does not write'} the draft model"
+
+
+_HAS_RELOAD: Final = (
+    requires("vllm>=0.20") & has(f"{_WORKER}.reload_weights") & has(f"{_WORKER}.get_draft_model") & has(_INPLACE)
+)
+_WORKER_METHODS = [
+    Patch(
+        "vllm.worker.patchreg-fingerprint",
+        f"{_WORKER}.patchreg_fingerprint",
+        patchreg_fingerprint,
+        create=True,
+        when=requires("vllm") & has(_WORKER),
+        doc="collective_rpc('patchreg_fingerprint'): this worker's pid and patchreg fingerprint.",
+    ),
+    Patch(
+        "vllm.worker.patchreg-drafter-status",
+        f"{_WORKER}.patchreg_drafter_status",
+        patchreg_drafter_status,
+        create=True,
+        when=requires("vllm") & has(_WORKER),
+        doc="collective_rpc('patchreg_drafter_status'): what the last weight sync did to the MTP drafter.",
+    ),
+    Patch(
+        "vllm.worker.reload-weights-syncs-drafter",
+        f"{_WORKER}.reload_weights",
+        sync_reload,
+        kind="wrap",
+        when=_HAS_RELOAD & not_needed_when(check(_native_drafter_sync, "vLLM's reload_weights writes the drafter")),
+        doc="Worker.reload_weights: note the sync; with the drafter sync on, reload the MTP drafter too.",
+    ),
+]
+
+WORKER_CHANNEL = PatchSet(
+    "vllm-worker-channel",
+    _WORKER_METHODS,
+    "vLLM workers answer collective_rpc('patchreg_fingerprint') and ('patchreg_drafter_status'); no drafter sync",
+)
+"""Worker methods and sync bookkeeping only: for ``drafter_status(llm, require_sync=False)`` and fingerprints."""
+
+DRAFTER_SYNC = PatchSet(
+    "vllm-mtp-drafter-sync",
+    [
+        *_WORKER_METHODS,
+        Patch(
+            "vllm.drafter-sync.on",
+            "patches.vllm.drafter:SYNC_DRAFTER",
+            True,
+            kind="value",
+            when=_HAS_RELOAD,
+            doc="Switches the reload wrapper's drafter reload on.",
+        ),
+        Patch(
+            "vllm.worker.weight-transfer-warns",
+            f"{_WORKER}.start_weight_update",
+            warn_target_session,
+            kind="wrap",
+            when=requires("vllm") & has(f"{_WORKER}.start_weight_update"),
+            doc="A weight-transfer session writes the target only: warn, naming start_draft_weight_update.",
+        ),
+        Patch(
+            "vllm.worker.draft-weight-transfer-noted",
+            f"{_WORKER}.start_draft_weight_update",
+            note_draft_session,
+            kind="wrap",
+            when=requires("vllm") & has(f"{_WORKER}.start_draft_weight_update"),
+            doc="A start_draft_weight_update session writes the drafter: note it.",
+        ),
+    ],
+    "MTP speculative decoding: reload_weights also reloads the drafter (path or iterator); workers report it",
+)
+"""Name it in ``PATCHREG_PATCHSETS`` (``vllm-mtp-drafter-sync``): the ``patchreg`` vLLM plugin applies it everywhere."""
