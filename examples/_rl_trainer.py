@@ -93,11 +93,10 @@ def init_single_process() -> None:
     from megatron.core import parallel_state
 
     if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        if "MASTER_PORT" not in os.environ:
-            with socket.socket() as sock:
-                sock.bind(("127.0.0.1", 0))
-                os.environ["MASTER_PORT"] = str(sock.getsockname()[1])
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        with socket.socket() as sock:  # a free port of our own (one inherited from a parent may be taken)
+            sock.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(sock.getsockname()[1])
         dist.init_process_group("gloo", rank=0, world_size=1)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(1, 1)
