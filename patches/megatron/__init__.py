@@ -1,7 +1,9 @@
-"""Megatron-Core patch sets: MTP for PPO (``mtp_patched``; GPTModel, HybridModel, MambaModel 0.17) and CPU shims."""
+"""Megatron-Core patch sets: MTP for PPO (``mtp_patched``; GPTModel, HybridModel, MambaModel 0.17), CPU shims,
+and the Megatron-Bridge fix-ups (``bridge_patched``)."""
 
 from __future__ import annotations
 
+from patches.megatron.bridge import BRIDGE_IMPORT_SET, BRIDGE_SET, bridge_patched
 from patches.megatron.cpu import CPU_SET, cpu_patched
 from patches.megatron.errors import (
     MissingUpstreamArgumentError,
@@ -27,6 +29,8 @@ from patches.megatron.mtp import (
 from patches.megatron.verify import MTPVerification, verify_mtp
 
 __all__ = [
+    "BRIDGE_IMPORT_SET",
+    "BRIDGE_SET",
     "CHECKPOINTED_FORWARD",
     "CPU_SET",
     "DETACH_EMBEDDINGS",
@@ -45,6 +49,7 @@ __all__ = [
     "MTPVerification",
     "MissingUpstreamArgumentError",
     "UnsupportedModelError",
+    "bridge_patched",
     "cpu_patched",
     "mtp_patched",
     "verify_mtp",

@@ -41,6 +41,7 @@ __all__ = [
     "VOCAB_SIZE",
     "greedy_chain",
     "tiny_mtp_config",
+    "write_byte_tokenizer",
     "write_tiny_mtp_checkpoint",
 ]
 
@@ -229,6 +230,15 @@ def _bytes_to_unicode() -> dict[int, str]:
             chars[b] = chr(256 + extra)
             extra += 1
     return chars
+
+
+def write_byte_tokenizer(path: str | Path) -> Path:
+    """Write the byte-level tokenizer (``tokenizer.json``, ``tokenizer_config.json``) to ``path``; a model's
+    directory written by another tool (an HF export) becomes one vLLM loads with it."""
+    root = Path(path)
+    root.mkdir(parents=True, exist_ok=True)
+    _write_tokenizer(root)
+    return root
 
 
 def _write_tokenizer(root: Path) -> None:
