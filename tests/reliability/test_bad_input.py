@@ -95,8 +95,11 @@ CASES = [
         lambda r, o: P("p", "fw", f, kind="bogus"),
         D,
         "'bogus'",
-        "use 'replace', 'wrap', 'value' or 'item'",
+        "use 'replace', 'wrap', 'value', 'item', 'delete' or 'dict'",
     ),  # type: ignore[arg-type]
+    Case("delete-with-value", lambda r, o: P("p", "fw", 1, kind="delete"), D, "'fw'", "pass None"),
+    Case("dict-not-a-mapping", lambda r, o: P("p", "os:environ", "x", kind="dict"), D, "'x'", "give a dict"),
+    Case("prepend-on-a-value", lambda r, o: P("p", "fw", "x", kind="value", prepend=":"), D, "':'", "kind='item'"),
     Case("doc-not-string", lambda r, o: P("p", "fw", f, doc=3), D, "got 3", "must be a string"),  # type: ignore[arg-type]
     # predicates and version specifiers
     Case("when-string", lambda r, o: P("p", "fw", f, when="always"), D, "when='always'", "use requires()"),  # type: ignore[arg-type]
