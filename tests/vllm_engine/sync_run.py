@@ -1,0 +1,221 @@
+"""Weight syncs on a real MTP engine, run in a fresh process: ``python -m tests.vllm_engine.sync_run SPEC.json``.
+
+A fresh interpreter per engine: ``patchreg.bootstrap()`` (the vLLM plugin) holds its sets for the
+life of a process, so each ``PATCHREG_PATCHSETS`` needs its own. The spec (JSON) names the engine
+(``"llm"`` or ``"async"``), the checkpoints and the file the result goes to; the environment
+(``PATCHREG_PATCHSETS``, ``VLLM_ENABLE_V1_MULTIPROCESSING``) comes from the caller. Spawn-safe:
+everything runs under ``if __name__ == "__main__"``, the engine is shut down and the process
+returns normally (``os._exit`` would skip vLLM's shutdown and leave its resource tracker holding
+the caller's pipe).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import os
+import sys
+import traceback
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from tests.vllm_engine.engines import KNOWN_PROMPTS, MAX_MODEL_LEN, greedy, token_prompt
+
+_EXTENSION = {"worker_extension_cls": "tests.vllm_engine.sync_run.SyncFromFile"}
+Rpc = Callable[..., Awaitable[Any]]
+
+
+def _plain(status: Any) -> Any:
+    if isinstance(status, list):
+        return [_plain(s) for s in status]
+    import attrs
+
+    return {**attrs.asdict(status), "matches_caller": status.matches_caller}
+
+
+def _main_process_patches() -> list[tuple[str, str]]:
+    import patchreg
+
+    return sorted((e.patch, e.state) for e in patchreg.registry.active())
+
+
+def _drafter_equals(worker: Any, path: str) -> dict[str, bool]:
+    """In the worker: for each drafter tensor with a same-shaped checkpoint tensor, is it equal to it?"""
+    import torch
+    from safetensors.torch import load_file
+
+    ckpt = load_file(str(Path(path) / "model.safetensors"))
+    draft = worker.get_draft_model()
+    out = {}
+    for name, param in draft.named_parameters():
+        source = ckpt.get(name.replace("mtp_block.", ""))
+        if source is not None and tuple(source.shape) == tuple(param.shape) and param.numel():
+            out[name] = bool(torch.equal(param.detach().cpu(), source))
+    return out
+
+
+class SyncFromFile:
+    """A worker extension (``worker_extension_cls``), as RL frameworks sync: the weights stream in the worker.
+
+    ``sync_from_file(path)`` calls the worker's ``reload_weights`` with a one-pass generator over the
+    checkpoint's tensors (a second read of it would find it empty). ``bad=True`` cuts one column off the
+    MTP layer's ``eh_proj``: a drafter tensor of the wrong shape. The error comes back as text, so that
+    the engine lives on (vLLM's multiprocessing executor stops the engine when a worker call raises).
+    """
+
+    def sync_from_file(self, path: str, bad: bool = False) -> str:
+        from safetensors import safe_open
+
+        def stream() -> Any:
+            with safe_open(str(Path(path) / "model.safetensors"), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                    tensor = f.get_tensor(name)
+                    yield name, (tensor[:, :-1].contiguous() if bad and name.endswith("eh_proj.weight") else tensor)
+
+        try:
+            self.reload_weights(weights_iterator=stream())  # type: ignore[attr-defined]
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return "ok"
+
+
+async def _step(result: dict[str, Any], key: str, coro: Awaitable[Any]) -> Any:
+    try:
+        value = await coro
+    except Exception as exc:
+        result[key] = {"error": f"{type(exc).__name__}: {exc}"}
+        return None
+    result[key] = value
+    return value
+
+
+async def _scenario(spec: dict[str, Any], engine: Any, rpc: Rpc, generate: Callable[..., Awaitable[Any]]) -> dict:
+    from patches.vllm import drafter_status, spec_decode_stats
+
+    known, random = Path(spec["known"]), Path(spec["random"])
+    result: dict[str, Any] = {"pid": os.getpid(), "main_patches": _main_process_patches()}
+
+    async def acceptance() -> dict[str, float]:
+        kinds = list(KNOWN_PROMPTS)
+        outs = await generate([token_prompt(KNOWN_PROMPTS[k]) for k in kinds])
+        return {k: spec_decode_stats(o).acceptance_rate for k, o in zip(kinds, outs, strict=True)}
+
+    async def status(require_sync: bool = False) -> Any:
+        found = drafter_status(engine, require_sync=require_sync)
+        return _plain(await found if asyncio.iscoroutine(found) else found)
+
+    async def sync(**kwargs: Any) -> str:
+        await rpc("reload_weights", kwargs=kwargs)
+        return "ok"
+
+    await _step(result, "core_fingerprint", spec["core_fingerprint"]())
+    await _step(result, "worker_fingerprints", rpc("patchreg_fingerprint"))
+    await _step(result, "status_start", status())
+    await _step(result, "status_required_start", status(require_sync=True))
+    await _step(result, "sync_path", sync(weights_path=str(known)))
+    await _step(result, "acceptance_path", acceptance())
+    await _step(result, "status_path", status())
+    if spec.get("compare_tensors"):
+        await _step(result, "drafter_equals_known", rpc(_drafter_equals, args=(str(known),)))
+    if not spec.get("more"):
+        return result
+    await _step(result, "sync_iter_random", rpc("sync_from_file", args=(str(random),)))
+    await _step(result, "acceptance_iter_random", acceptance())
+    await _step(result, "status_iter_random", status())
+    await _step(result, "sync_iter_known", rpc("sync_from_file", args=(str(known),)))
+    await _step(result, "acceptance_iter_known", acceptance())
+    await _step(result, "status_iter_known", status())
+    if spec.get("compare_tensors"):
+        await _step(result, "drafter_equals_known_iter", rpc(_drafter_equals, args=(str(known),)))
+    await _step(result, "sync_bad_shape", rpc("sync_from_file", args=(str(known), True)))
+    await _step(result, "status_bad_shape", status())
+    await _step(result, "acceptance_bad_shape", acceptance())
+    return result
+
+
+def run_llm(spec: dict[str, Any]) -> dict[str, Any]:
+    from vllm import LLM
+
+    from patches.vllm import mtp_engine_kwargs
+
+    llm = LLM(
+        model=spec["random"],
+        max_model_len=MAX_MODEL_LEN,
+        enforce_eager=True,
+        seed=0,
+        **_EXTENSION,
+        **mtp_engine_kwargs(),
+    )
+    client = llm.llm_engine.engine_core
+
+    async def core_fingerprint() -> Any:
+        if hasattr(client, "call_utility"):
+            return client.call_utility("patchreg_fingerprint")
+        return client.engine_core.patchreg_fingerprint()
+
+    async def rpc(method: Any, **kwargs: Any) -> Any:
+        return llm.collective_rpc(method, **kwargs)
+
+    async def generate(prompts: list[Any]) -> Any:
+        return llm.generate(prompts, greedy(), use_tqdm=False)
+
+    try:
+        return asyncio.run(_scenario({**spec, "core_fingerprint": core_fingerprint}, llm, rpc, generate))
+    finally:
+        client.shutdown()
+        gc.collect()
+
+
+async def _run_async(spec: dict[str, Any]) -> dict[str, Any]:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from patches.vllm import mtp_engine_kwargs
+
+    args = AsyncEngineArgs(
+        model=spec["random"],
+        max_model_len=MAX_MODEL_LEN,
+        enforce_eager=True,
+        seed=0,
+        **_EXTENSION,
+        **mtp_engine_kwargs(),
+    )
+    held = [AsyncLLM.from_engine_args(args)]  # the only reference: dropped after shutdown, before exit
+
+    async def generate(prompts: list[Any]) -> list[Any]:
+        async def one(i: int, prompt: Any) -> Any:
+            final = None
+            async for out in held[0].generate(prompt, greedy(), request_id=f"r{i}-{id(prompts)}"):
+                final = out
+            return final
+
+        return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
+
+    async def rpc(method: Any, **kwargs: Any) -> Any:
+        return await held[0].collective_rpc(method, **kwargs)
+
+    async def core_fingerprint() -> Any:
+        return await held[0].engine_core.call_utility_async("patchreg_fingerprint")
+
+    try:
+        return await _scenario({**spec, "core_fingerprint": core_fingerprint}, held[0], rpc, generate)
+    finally:
+        held[0].shutdown()
+        held.clear()
+        gc.collect()  # before interpreter exit, where AsyncLLM.__del__ would shut it down again
+
+
+def main(spec_path: str) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    try:
+        result = run_llm(spec) if spec["engine"] == "llm" else asyncio.run(_run_async(spec))
+    except BaseException:
+        result = {"crashed": traceback.format_exc()}
+    Path(spec["out"]).write_text(json.dumps(result, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
