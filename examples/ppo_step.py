@@ -70,7 +70,10 @@ def build_model() -> Any:
     )  # fmt: skip
     spec = get_gpt_layer_local_spec()
     mlp = spec.submodules.mlp  # Megatron asks for the MLP's width (else a DeprecationWarning): the config's
-    spec.submodules.mlp = functools.partial(mlp, ffn_hidden_size=config.ffn_hidden_size)
+    if isinstance(mlp, functools.partial):  # 0.19: a builder, called with the layer's arguments
+        spec.submodules.mlp = functools.partial(mlp, ffn_hidden_size=config.ffn_hidden_size)
+    else:  # a ModuleSpec: its params reach MLP.__init__ (every release takes ffn_hidden_size)
+        mlp.params = {**mlp.params, "ffn_hidden_size": config.ffn_hidden_size}
     torch.manual_seed(0)
     tp_random.model_parallel_cuda_manual_seed(0)
     return GPTModel(

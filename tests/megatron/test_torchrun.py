@@ -22,7 +22,8 @@ SETS = "megatron-cpu,verl-mtp"
 def torchrun(tmp_path: Path, **variables: str) -> list[dict[str, Any]]:
     """Run tests/megatron/torchrun_worker.py on 2 ranks with PATCHREG_PATCHSETS and ``variables``; each rank's result."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PATCHREG_")}
-    env.update(PYTHONPATH=str(ROOT), PATCHREG_PATCHSETS=SETS, OMP_NUM_THREADS="1", **variables)
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)  # keep an overlay
+    env.update(PYTHONPATH=path, PATCHREG_PATCHSETS=SETS, OMP_NUM_THREADS="1", **variables)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1"]
     cmd += [f"--master_port={free_port()}", str(ROOT / "tests/megatron/torchrun_worker.py"), str(tmp_path)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, timeout=600)
