@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from benchmarks._model import SEQ, VOCAB, init_parallel
+from benchmarks._model import SEQ, VOCAB, init_parallel, tiny_config
 
 
 def available() -> bool:
@@ -89,21 +89,10 @@ def build(mtp_layers: int = 1, *, seed: int = 0) -> Any:
     """A HybridModel (two attention + MLP main layers, ``mtp_layers`` MTP depths of one pair), CPU-initialised."""
     import torch
     from megatron.core.models.hybrid.hybrid_model import HybridModel
-    from megatron.core.transformer.transformer_config import TransformerConfig
 
     init_parallel()
     torch.manual_seed(seed)
-    config = TransformerConfig(
-        num_layers=4,
-        hidden_size=16,
-        ffn_hidden_size=32,
-        num_attention_heads=2,
-        use_cpu_initialization=True,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        mtp_num_layers=mtp_layers,
-        mtp_loss_scaling_factor=0.1,
-    )
+    config = tiny_config(4, mtp_layers)
     from patches.megatron.cpu import cpu_patched
 
     with cpu_patched():  # HybridStack's final norm is a hard-coded TENorm: the CPU shims build a torch one

@@ -29,16 +29,12 @@ def init_parallel() -> None:
         parallel_state.initialize_model_parallel(1, 1)
 
 
-def build(mtp_layers: int = 1, *, seed: int = 0) -> Any:
-    """A GPTModel (1 decoder layer, hidden 16, vocab 64) with ``mtp_layers`` MTP layers, CPU-initialised."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec, get_gpt_mtp_block_spec
-    from megatron.core.models.gpt.gpt_model import GPTModel
+def tiny_config(num_layers: int, mtp_layers: int) -> Any:
+    """The benchmarks' tiny TransformerConfig (hidden 16, two heads, no dropout, CPU-initialised), with MTP."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    init_parallel()
-    torch.manual_seed(seed)
-    config = TransformerConfig(
-        num_layers=1,
+    return TransformerConfig(
+        num_layers=num_layers,
         hidden_size=16,
         ffn_hidden_size=32,
         num_attention_heads=2,
@@ -48,6 +44,16 @@ def build(mtp_layers: int = 1, *, seed: int = 0) -> Any:
         mtp_num_layers=mtp_layers,
         mtp_loss_scaling_factor=0.1,
     )
+
+
+def build(mtp_layers: int = 1, *, seed: int = 0) -> Any:
+    """A GPTModel (1 decoder layer, hidden 16, vocab 64) with ``mtp_layers`` MTP layers, CPU-initialised."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec, get_gpt_mtp_block_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+
+    init_parallel()
+    torch.manual_seed(seed)
+    config = tiny_config(1, mtp_layers)
     spec = get_gpt_layer_local_spec()
     mtp_spec = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False)
     return GPTModel(
