@@ -20,8 +20,8 @@ from patchreg._namespace import label, own_value
 from patchreg._plans import locate
 from patchreg._predicates import distributions, provider
 from patchreg._records import Installed, Patch
-from patchreg._stacks import entry
-from patchreg._store import LOCK, Store, stack_key
+from patchreg._stacks import entry, stack_key
+from patchreg._store import LOCK, Store
 from patchreg._targets import Miss, Selector, Site, identity
 from patchreg.exceptions import PatchConflictError, PatchError, UnpatchableTargetError
 

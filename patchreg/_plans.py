@@ -10,6 +10,7 @@ installs in one pass (:meth:`patchreg._store.Store.take_planned`, the hot path).
 from __future__ import annotations
 
 import logging
+import sys
 import types
 import weakref
 from collections.abc import Callable, Collection
@@ -21,8 +22,12 @@ from patchreg._guards import Guards, guard_check, trace
 from patchreg._namespace import ABSENT, bind_like, label, own_value
 from patchreg._predicates import on_refresh
 from patchreg._records import Patch, PatchSet
-from patchreg._stacks import Layer, Report, weak_or_id
-from patchreg._store import LOCK, STORES, Owner, Stack, Store, plan_key
+from patchreg._stacks import GLOBAL as _GLOBAL
+from patchreg._stacks import METHOD as _METHOD
+from patchreg._stacks import PLAIN as _PLAIN
+from patchreg._stacks import WRAP as _WRAP
+from patchreg._stacks import Layer, Owner, Report, inherited_layer, plan_key
+from patchreg._store import LOCK, STORES, Stack, Store
 from patchreg._targets import Miss, Site, identity
 from patchreg.exceptions import PatchError
 
@@ -42,9 +47,8 @@ log = logging.getLogger("patchreg")
 #: One unit of an apply: (patch, holder, attribute).
 Work = tuple[Patch, Any, str]
 #: What an apply traced per patch for a plan: (patch, the predicate's skip reason, sites and guards).
-Trace = tuple[Patch, "str | None", "tuple[list[Site], Guards] | None"]
+Trace = tuple[Patch, "str | None", "tuple[list[Site], Guards | None] | None"]
 SEEN_MAX = 4096  # first applies remembered (to plan on the second one) before the marks are dropped
-_PLAIN, _METHOD = 1, 2
 generation = [0]  # bumped by refresh(): plans made before hold stale predicate answers
 
 
@@ -65,10 +69,13 @@ def plannable(target: object, obj: Any) -> bool:
     return isinstance(target, (Patch, PatchSet)) and not isinstance(obj, (str, bytes, type, types.ModuleType))
 
 
-def _traced(patch: Patch, obj: Any, found: list[Site]) -> tuple[list[Site], Guards] | None:
-    """A selector's trace on ``obj`` when it agrees with ``found``; None: resolve at every apply."""
-    if patch.is_global or patch.create or patch.is_item or patch.kind == "delete":
+def _traced(patch: Patch, obj: Any, found: list[Site]) -> tuple[list[Site], Guards | None] | None:
+    """A selector's trace on ``obj`` when it agrees with ``found``; an import path's site with no guards (the plan
+    guards the import instead, :func:`_import_guard`); None: resolve at every apply."""
+    if patch.create or patch.is_item or patch.kind in ("delete", "dict"):
         return None
+    if patch.is_global:
+        return (found, None) if patch.kind in ("replace", "wrap", "value") else None
     traced = trace(patch.where, obj)  # type: ignore[arg-type]
     if traced is None or len(traced[0]) != len(found):
         return None
@@ -82,41 +89,41 @@ class Plan:
     """One Patch or PatchSet resolved on one object, re-used while its guards hold.
 
     ``items`` per patch: ``(patch, skip reason, entries)``: a predicate's skip (valid until
-    ``refresh()``), or entries ``(stack, holder type, class read, bind mode)`` of a traced selector,
-    or None for a patch resolved at every apply (import paths, misses, walks guards cannot follow).
+    ``refresh()``), or entries ``(stack, holder type, class read, mode)`` of a traced selector (on an import
+    path's module or class: ``(stack, None, (original, installed), mode)``),
+    or None for a patch resolved at every apply (misses, creations, items, walks guards cannot follow).
     The class read (:func:`_class_read`) is the attribute as the holder's class stores it when planned:
     an entry is stale once the class stores something else (the method deleted, replaced, re-wrapped
-    as a ``staticmethod``, or shadowed by a class earlier in the MRO).
-    The object and its holders are held weakly (their classes strongly): a plan never keeps its
+    as a ``staticmethod``, or shadowed by a class earlier in the MRO). An import path's entry is stale once the path
+    leads elsewhere (:func:`_import_guard`).
+    The object and its holders are held weakly (their classes and modules strongly): a plan never keeps its
     object alive, and goes with it.
     """
 
     __slots__ = (
         "__weakref__",
-        "bound",
-        "flat",
+        "fast",
         "holds",
         "items",
         "key",
         "name",
         "obj",
+        "planned",
         "refs",
         "skipped",
         "store",
         "target",
     )
 
-    #: every planned install, when all are: (patch, stack, holder type, the class's namespace and what it stores
-    #: (:func:`_class_read`), (MRO, namespaces above) or None, bind mode, attr, replacement, what the layer holds
-    #: of a plain install (its weak reference or identity), stack.layers)
-    flat: tuple[tuple[Patch, Stack, type, Any, Any, Any, int, str, Any, Any, list[Layer]], ...] | None
-    #: when every install is a method bound to its holder, on an attribute no class above shadows: per install
-    #: (stack, holder type, the class's namespace, what it stores, attr, replacement, patch, stack.layers)
-    bound: tuple[tuple[Stack, type, Any, Any, str, Any, Patch, list[Layer]], ...] | None
+    planned: bool  #: every patch is planned (skipped, or its installs are entries): no resolution at an apply
+    #: when every install can be made in one pass (:meth:`Store.take_planned`): per install (mode, stack, holder
+    #: type (None on a module or class), the namespace read and what it stored when planned, attr, the replacement
+    #: (mode _GLOBAL: the object to install), patch, stack.layers)
+    fast: tuple[tuple[int, Stack, Any, Any, Any, str, Any, Patch, list[Layer]], ...] | None
     skipped: tuple[tuple[str, str], ...]  # the predicate skips
     #: the guards as one check of the object applied on: True while resolving again would find the same holders
     holds: Callable[[Any], bool]
-    items: tuple[tuple[Patch, str | None, tuple[tuple[Stack, type, Any, int], ...] | None], ...]
+    items: tuple[tuple[Patch, str | None, tuple[tuple[Stack, Any, Any, int], ...] | None], ...]
     key: tuple[int, ...]
     name: str
     store: weakref.ref[Store]  # the registry's store, which keeps it
@@ -135,8 +142,8 @@ class Plan:
         gen: int,
     ) -> Plan | None:
         """Keep a plan in ``installs`` (as the one used last) from the traces of an apply that just succeeded (under
-        the lock: its sites exist); none when ``refresh()`` ran since the resolution began (``gen``: the generation
-        it began in)."""
+        the lock: its sites exist, with this apply's layers on them); none when ``refresh()`` ran since the
+        resolution began (``gen``: the generation it began in)."""
         if gen != generation[0]:
             installs.keep_plan(None)
             return None
@@ -149,43 +156,33 @@ class Plan:
             return None
         plan.target = plan.refs[0]
         plan.obj = _no_object if obj is None else plan.refs[1] if len(chunks) == 1 and chunks[0] is obj else _not_one
-        items: list[tuple[Patch, str | None, tuple[tuple[Stack, type, Any, int], ...] | None]] = []
+        items: list[tuple[Patch, str | None, tuple[tuple[Stack, Any, Any, int], ...] | None]] = []
         reads: list[tuple[Any, ...]] = []
         walks: list[tuple[Any, ...]] = []
         guards: list[Guards] = []
+        imports: list[tuple[str, Any, tuple[tuple[Any, str, Any], ...]]] = []
         for patch, reason, traced in traces:
-            entries: list[tuple[Stack, type, Any, int]] | None = None
+            entries = None
             if traced is not None:
-                entries = []
-                for holder, attr in traced[0]:
-                    stack = installs.stacks.get((identity(holder), attr))
-                    kind = type(holder)
-                    seen = _class_read(kind, attr)  # what an apply compares: the class attribute as stored
-                    if stack is None or stack.ref() is not holder or seen[3] is ABSENT:
+                sites, guard = traced
+                entries = _entries(installs, patch, sites, guard is None)
+                if entries is not None and guard is None:  # an import path: guard the import instead
+                    imported = _import_guard(patch)
+                    if imported is None:
                         entries = None
-                        break
-                    entries.append((stack, kind, seen, _bind_mode(patch, stack, holder)))
-            if entries is not None and traced[1] not in guards:  # type: ignore[index]  # one path, one guard
-                guards.append(traced[1])  # type: ignore[index]
-                reads.extend(traced[1][0])  # type: ignore[index]
-                walks.extend(traced[1][1])  # type: ignore[index]
-            items.append((patch, reason, None if entries is None else tuple(entries)))
+                    elif imported not in imports:
+                        imports.append(imported)
+                elif entries is not None and guard is not None and guard not in guards:  # one path, one guard
+                    guards.append(guard)
+                    reads.extend(guard[0])
+                    walks.extend(guard[1])
+            items.append((patch, reason, entries))
         plan.items = tuple(items)
-        plan.holds = guard_check((tuple(reads), tuple(walks)), obj if plan.obj is not _not_one else None)
+        holds = guard_check((tuple(reads), tuple(walks)), obj if plan.obj is not _not_one else None)
+        plan.holds = _with_imports(holds, tuple(imports)) if imports else holds
         plan.skipped = tuple((p.name, reason) for p, reason, _e in items if reason is not None)
-        planned = all(reason is not None or entries is not None for _p, reason, entries in items)
-        flat = [
-            (p, stack, cls, view, raw, (mro, above) if above else None, mode, stack.attr, p.replacement,
-             weak_or_id(p.replacement) if mode == _PLAIN else None, stack.layers)
-            for p, _r, entries in items
-            for stack, cls, (mro, above, view, raw), mode in entries or ()
-        ]  # fmt: skip
-        plan.flat = tuple(flat) if planned else None
-        plan.bound = (
-            tuple((e[1], e[2], e[3], e[4], e[7], e[8], e[0], e[10]) for e in flat)
-            if planned and flat and all(e[6] == _METHOD and e[5] is None for e in flat)
-            else None
-        )
+        plan.planned = all(reason is not None or entries is not None for _p, reason, entries in items)
+        plan.fast = _fast(items) if plan.planned else None
         plan.name, plan.key = name, plan_key(target, obj)
         plan.store = weakref.ref(installs)
         installs.keep_plan(plan)
@@ -228,6 +225,12 @@ class Plan:
             else:
                 for stack, cls, seen, mode in entries:
                     holder, attr = stack.ref(), stack.attr
+                    if cls is None:  # an import path's module or class (the plan's guards checked the import)
+                        if holder is None:
+                            return None
+                        check_patchable(patch, holder, attr)
+                        work.append((patch, holder, attr))
+                        continue
                     if type(holder) is not cls or _class_changed(cls, attr, *seen):  # died, class swapped, or
                         return None  # the class's attribute changed (deleted, replaced, shadowed)
                     if not mode or attr in holder.__dict__:  # not the clean case: the checks of a first apply
@@ -239,7 +242,7 @@ class Plan:
 def take_plan(owner: Owner, installs: Store, plan: Plan, obj: Any, strict: bool, warn: bool | None) -> Report | None:
     """Apply a plan whose every patch is planned; None when it turns out stale (nothing changed).
 
-    A plan whose every install is a method bound to its holder (:attr:`Plan.bound`) installs the one-pass way
+    A plan whose every install can be made in one pass (:attr:`Plan.fast`) installs the one-pass way
     (:meth:`Store.take_planned`) while it can; else (shared with an outer block, covered by another registry) each
     install is taken the general way.
     """
@@ -247,7 +250,7 @@ def take_plan(owner: Owner, installs: Store, plan: Plan, obj: Any, strict: bool,
         return None
     if plan.skipped and (strict or warn):
         report_skips(plan.name, list(plan.skipped), strict, [p for p, _r, _e in plan.items])
-    if plan.bound is not None:
+    if plan.fast is not None:
         ledger = installs.take_planned(owner, plan)
         if ledger is not None:
             return ledger
@@ -299,19 +302,127 @@ def _not_one() -> object:
 _NEVER = object()  # what a plan made for chunks returns as its object: never the object of a one-object apply
 
 
-def _bind_mode(patch: Patch, stack: Stack, holder: Any) -> int:
-    """How a planned install on an instance binds the replacement (0: not planned, use the general path)."""
-    if patch.kind not in ("replace", "value") or stack.kind != "instance":
+def _entries(
+    installs: Store, patch: Patch, sites: list[Site], imported: bool
+) -> tuple[tuple[Stack, Any, Any, int], ...] | None:
+    """The plan entries of ``patch``'s sites (this apply's stacks), or None: resolve it at every apply.
+
+    ``imported``: the sites of an import path (a module or a class), whose entries hold no class read but what
+    this apply's install there displaced and installed (:func:`_global_read`).
+    """
+    entries: list[tuple[Stack, Any, Any, int]] = []
+    for holder, attr in sites:
+        stack = installs.stacks.get((identity(holder), attr))
+        if stack is None or stack.ref() is not holder:
+            return None
+        if imported:
+            read = _global_read(patch, stack, holder)
+            entries.append((stack, None, read, 0 if read is None else _GLOBAL))
+            continue
+        kind = type(holder)
+        seen = _class_read(kind, attr)  # what an apply compares: the class attribute as stored
+        if seen[3] is ABSENT:
+            return None
+        entries.append((stack, kind, seen, _mode(patch, stack, holder, seen[3])))
+    return tuple(entries)
+
+
+def _mode(patch: Patch, stack: Stack, holder: Any, raw: Any) -> int:
+    """How a planned install on an instance is made (0: the general way, with the checks of a first apply)."""
+    if stack.kind != "instance":
         return 0
-    value = patch.replacement
     if patch.kind == "value":
         return _PLAIN
+    if patch.kind == "wrap":  # a wrap of the class's function, bound as getattr binds it; not of another's install
+        getter: Any = type(holder).__getattribute__
+        plain = type(raw) is types.FunctionType and getter is object.__getattribute__
+        return _WRAP if plain and inherited_layer(stack, holder) is None else 0
+    if patch.kind != "replace":
+        return 0
+    value = patch.replacement
     bound = bind_like(value, holder, stack.attr, ABSENT)
     if bound is value:
         return _PLAIN
     if type(value) is types.FunctionType and type(bound) is types.MethodType and bound.__self__ is holder:
         return _METHOD
     return 0
+
+
+def _global_read(patch: Patch, stack: Stack, holder: Any) -> tuple[Any, Any] | None:
+    """``(original, installed)`` of this apply's install of ``patch`` on a module or class attribute, when a later
+    apply may install that very object again in one pass: the only layer there, over an original the holder stores
+    itself, written by a plain ``setattr`` (a module of the plain module type, a class whose metaclass keeps
+    ``type``'s). None: the general way."""
+    layers = stack.layers
+    if len(layers) != 1 or layers[0].patch is not patch:
+        return None
+    if stack.kind == "module":
+        plain = type(holder) is types.ModuleType
+    else:
+        plain = stack.kind == "class" and type(holder).__setattr__ is type.__setattr__  # type: ignore[comparison-overlap]
+    layer = layers[0]
+    original = layer.displaced()
+    if not plain or original is ABSENT or vars(holder).get(stack.attr, ABSENT) is not layer.installed:
+        return None
+    return original, layer.installed
+
+
+def _fast(
+    items: list[tuple[Patch, str | None, tuple[tuple[Stack, Any, Any, int], ...] | None]],
+) -> tuple[tuple[int, Stack, Any, Any, Any, str, Any, Patch, list[Layer]], ...] | None:
+    """A planned apply's installs for :meth:`Store.take_planned`, when each can be made in one pass; else None."""
+    fast: list[tuple[int, Stack, Any, Any, Any, str, Any, Patch, list[Layer]]] = []
+    for patch, _reason, entries in items:
+        for stack, kind, read, mode in entries or ():
+            if not mode:
+                return None
+            if kind is None:  # a module's or class's: its namespace must still store the original
+                fast.append((mode, stack, None, vars(stack.ref()), read[0], stack.attr, read[1], patch, stack.layers))
+            elif read[1]:  # a class above the one that stores it could shadow it: checked the general way
+                return None
+            else:
+                fast.append((mode, stack, kind, read[2], read[3], stack.attr, patch.replacement, patch, stack.layers))
+    return tuple(fast) if fast else None
+
+
+def _import_guard(patch: Patch) -> tuple[str, Any, tuple[tuple[Any, str, Any], ...]] | None:
+    """What an import path's resolution found: ``(module name, module, (holder, part, what it gave) per step)``."""
+    where: Any = patch.where
+    module = sys.modules.get(where.module)
+    if module is None:
+        return None
+    chain: list[tuple[Any, str, Any]] = []
+    holder = module
+    for part in where.parts[:-1]:
+        try:
+            found = getattr(holder, part)
+        except Exception:  # a library's __getattr__ may raise anything: resolve at every apply
+            return None
+        chain.append((holder, part, found))
+        holder = found
+    return where.module, module, tuple(chain)
+
+
+def _with_imports(
+    holds: Callable[[Any], bool], imports: tuple[tuple[str, Any, tuple[tuple[Any, str, Any], ...]], ...]
+) -> Callable[[Any], bool]:
+    """``holds``, and every import path still leads where it led when planned (a module re-imported or a class
+    replaced in its module makes the plan stale)."""
+    modules = sys.modules
+
+    def holds_all(obj: Any) -> bool:
+        for name, module, chain in imports:
+            if modules.get(name) is not module:
+                return False
+            for holder, part, found in chain:
+                try:
+                    if getattr(holder, part) is not found:
+                        return False
+                except Exception:  # gone, or raises now: resolve again (which says why)
+                    return False
+        return holds(obj)
+
+    return holds_all
 
 
 def resolve_all(

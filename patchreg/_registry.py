@@ -37,8 +37,8 @@ from patchreg._disable import off
 from patchreg._explain import Explanation
 from patchreg._plans import SEEN_MAX, Plan, Trace, Work, generation, locate, plan_key, plannable, resolve_all, take_plan
 from patchreg._records import Installed, Patch, Target, patches_of
-from patchreg._stacks import Checkpoint, Report
-from patchreg._store import LOCK, Stack, Store, stack_key
+from patchreg._stacks import Checkpoint, Report, stack_key
+from patchreg._store import LOCK, Stack, Store
 from patchreg._targets import Miss, Site
 from patchreg.exceptions import PatchDefinitionError, PatchError
 
@@ -89,7 +89,7 @@ class Registry:
         installs = self._installs
         plan: Plan | None = None if lazy else installs.plan_for(target, obj)
         if plan is not None:
-            if plan.flat is not None:
+            if plan.planned:
                 ledger = take_plan(self, installs, plan, obj, strict, warn)
             else:
                 found = plan.work(obj, warn)
@@ -355,7 +355,7 @@ class Patched(Generic[T]):
         if plan is None or plan.target() is not self.target or plan.obj() is not obj:  # (a Python call saved)
             plan = installs.plan_for(self.target, obj)
         report: Report | None = None
-        if plan is not None and plan.bound is not None and not (self.strict and plan.skipped) and plan.holds(obj):
+        if plan is not None and plan.fast is not None and not (self.strict and plan.skipped) and plan.holds(obj):
             report = installs.take_planned(registry, plan)
         if report is not None:
             if installs.checkpoints or installs.unnamed:  # (Registry.apply does this for the general way)

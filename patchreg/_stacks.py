@@ -9,12 +9,13 @@ reference, or an identity.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from patchreg._drift import Drift, drift
 from patchreg._format import WIDTH, wrap
@@ -23,26 +24,68 @@ from patchreg._records import ORIGINALS, Installed, Patch
 from patchreg._targets import identity
 
 __all__ = [
+    "GLOBAL",
     "GONE",
     "LOCK",
+    "LOG_LEVELS",
+    "METHOD",
+    "PLAIN",
     "STORES",
+    "WRAP",
     "Checkpoint",
     "Layer",
+    "Owner",
     "Pending",
     "Ref",
     "Report",
     "Stack",
     "Strong",
     "WeakOriginal",
+    "debugging",
     "entry",
     "gone",
     "inherited_layer",
     "originals",
+    "plan_key",
+    "stack_key",
     "top_owner",
     "weak_or_id",
 ]
 
 Ref = weakref.ReferenceType
+log = logging.getLogger("patchreg")
+LOG_LEVELS: dict[int, bool] = getattr(log, "_cache", {})  # logging's own per-logger answers (cleared on setLevel)
+
+
+def debugging() -> bool:
+    """``log.isEnabledFor(DEBUG)``, read from logging's cache when it has the answer (no Python call)."""
+    answer = LOG_LEVELS.get(logging.DEBUG)
+    return log.isEnabledFor(logging.DEBUG) if answer is None else answer
+
+
+class Owner(Protocol):
+    """What a store needs of a registry: its name (for messages)."""
+
+    name: str
+
+
+#: how a planned install is made in one pass (a plan entry's mode; 0: the general way). On an instance: the
+#: replacement as it is (a value), a function bound to the holder, a wrap of the class's function bound to the
+#: holder; on a module or a class (an import path): the very object its first install built, installed again.
+PLAIN, METHOD, WRAP, GLOBAL = 1, 2, 3, 4
+
+
+def plan_key(target: object, obj: Any) -> tuple[int, ...]:
+    """The key of a plan: the identities of the target and of the object (or each chunk)."""
+    if isinstance(obj, (list, tuple)):
+        return (identity(target), *map(identity, obj))
+    return (identity(target), identity(obj))
+
+
+def stack_key(patch: Patch, holder: Any, attr: Any) -> tuple[int, Any]:
+    """The key of the stack ``patch`` installs on: ``(holder, attribute)``, or ``(mapping, ("[]", key))`` for an item."""
+    return (identity(holder), ("[]", attr) if patch.is_item else attr)
+
 
 #: One lock for every registry: they all write the same namespaces (the store takes it; readers here too).
 LOCK = threading.RLock()

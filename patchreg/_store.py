@@ -16,75 +16,61 @@ import time
 import types
 import weakref
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import Any
+
+import wrapt
 
 from patchreg._checks import check_compatible, check_release, to_release
 from patchreg._namespace import ABSENT, build, holder_kind, put_back, same, write
 from patchreg._records import Patch
 from patchreg._stacks import (
+    GLOBAL,
     GONE,
     LOCK,
+    LOG_LEVELS,
+    METHOD,
+    PLAIN,
     STORES,
     Checkpoint,
     Layer,
+    Owner,
     Pending,
     Ref,
     Report,
     Stack,
     Strong,
+    WeakOriginal,
+    debugging,
     gone,
     inherited_layer,
+    plan_key,
+    stack_key,
     top_owner,
+    weak_or_id,
 )
-from patchreg._targets import identity
 from patchreg.exceptions import PatchOwnershipError, UnpatchableTargetError
 
 __all__ = [
     "LOCK",
     "STORES",
     "Stack",
-    "Owner",
     "Store",
-    "plan_key",
-    "stack_key",
     "top_owner",
 ]
 
 log = logging.getLogger("patchreg")
-_LEVELS: dict[int, bool] = getattr(log, "_cache", {})  # logging's own per-logger answers (cleared on setLevel)
 _DEBUG = logging.DEBUG
-
-
-def debugging() -> bool:
-    """``log.isEnabledFor(DEBUG)``, read from logging's cache when it has the answer (no Python call)."""
-    answer = _LEVELS.get(logging.DEBUG)
-    return log.isEnabledFor(logging.DEBUG) if answer is None else answer
-
-
-class Owner(Protocol):
-    """What the store needs of a registry: its name (for messages)."""
-
-    name: str
 
 
 SEQUENCE = itertools.count()  # install order across registries (a patch's backup stacks by it)
 
 _MethodType = types.MethodType
+_stores: set[Any] = STORES.data  # type: ignore[attr-defined]  # under the WeakSet: len() in C (counts a dead one)
+_FunctionWrapper = wrapt.FunctionWrapper
 _Ref = weakref.ReferenceType
+_setattr = type.__setattr__
 _acquire, _release = LOCK.acquire, LOCK.release  # bound once: the fast path pays for no method lookup
 _time = time.time_ns
-
-
-def plan_key(target: object, obj: Any) -> tuple[int, ...]:
-    """The key of a plan: the identities of the target and of the object (or each chunk)."""
-    if isinstance(obj, (list, tuple)):
-        return (identity(target), *map(identity, obj))
-    return (identity(target), identity(obj))
-
-
-def stack_key(patch: Patch, holder: Any, attr: Any) -> tuple[int, Any]:
-    """The key of the stack ``patch`` installs on: ``(holder, attribute)``, or ``(mapping, ("[]", key))`` for an item."""
-    return (identity(holder), ("[]", attr) if patch.is_item else attr)
 
 
 class Store:
@@ -197,14 +183,12 @@ class Store:
         return installed
 
     def take_planned(self, owner: Owner, plan: Any) -> Report | None:
-        """The installs of ``plan`` (its ``bound`` is set, its guards hold) made in one pass, under the lock: their
-        report; None when one is not a clean install or the plan turned stale: nothing changed, take the general
-        way (:meth:`take_all`, or a resolution). On success the plan is the one used last.
-
-        A *clean* install: a function bound to its holder as an instance attribute the instance does not have, on
-        an attribute none of the registry's layers is on (another registry's install there is in the instance's
-        ``__dict__``, so it is not clean either).
-        """
+        """The installs of ``plan`` (its ``fast`` is set, its guards hold) made in one pass, under the lock: their
+        report (the plan is then the one used last); None when one is not clean or the plan turned stale: nothing
+        changed, take the general way. *Clean*: on an attribute none of our layers is on, whose holder (or class)
+        stores what the plan read, that no other registry's layer installed; on an instance, one it does not have
+        (a function bound to it, a wrap of its class's function) or a value; on a module or a class, the object the
+        plan's first install built, over the original it displaced then."""
         ledger = Report()  # Report.make(owner, plan.name, plan.skipped), inline
         ledger.owner = owner
         ledger.set_name = plan.name
@@ -220,23 +204,51 @@ class Store:
             if self.dead:
                 self.purge()
             now = _time()
-            seq = next(SEQUENCE)
-            for stack, cls, view, raw, attr, replacement, patch, layers_on in plan.bound:
+            for mode, stack, cls, view, raw, attr, value, patch, layers_on in plan.fast:
                 holder = stack.ref()
-                if type(holder) is not cls or view.get(attr, ABSENT) is not raw:  # died, class swapped, or the
-                    break  # class's attribute changed (deleted, replaced): stale
-                ns = holder.__dict__
-                if layers_on or attr in ns:  # shared with an outer block, covered, or the instance has its own
-                    break
-                value = ns[attr] = _MethodType(replacement, holder)
-                layer = Layer()  # Layer.make(patch, stack, value, now, seq, ABSENT), inline
+                if layers_on or view.get(attr, ABSENT) is not raw:  # shared with an outer block, or covered; or
+                    break  # the class's attribute (a module's or class's own) changed: stale
+                if mode == GLOBAL:  # the object built at the first install, over the original it displaced then
+                    if holder is None or (len(_stores) > 1 and top_owner(stack.key, holder, raw, self) is not None):
+                        break  # (another registry installed that very object: ours must wait for it, the general way)
+                    if type(view) is dict:  # a module's namespace
+                        view[attr] = value
+                    else:  # a class's (its metaclass keeps type's __setattr__: checked when planned)
+                        _setattr(holder, attr, value)
+                    original = raw
+                    held = value
+                else:
+                    if type(holder) is not cls:  # died, or its class swapped
+                        break
+                    ns = holder.__dict__
+                    original = ns.get(attr, ABSENT)
+                    if mode == PLAIN:  # the value as it is, over the instance's own (not another registry's)
+                        if original is not ABSENT and len(_stores) > 1 and top_owner(stack.key, holder, original, self):
+                            break
+                        installed = ns[attr] = value
+                        held = weak_or_id(installed)
+                        if original is not ABSENT and (
+                            installed is original or getattr(installed, "__wrapped__", None) is original
+                        ):
+                            original = WeakOriginal.of(original)  # (as Layer.make: what is installed keeps it alive)
+                    elif original is not ABSENT:  # a method or wrap over the instance's own: the general way
+                        break
+                    else:
+                        method = _MethodType(value if mode == METHOD else raw, holder)
+                        if mode == METHOD:
+                            installed = ns[attr] = method
+                            held = _Ref(method)
+                        else:  # WRAP
+                            installed = ns[attr] = _FunctionWrapper(method, value)
+                            held = weak_or_id(installed)
+                layer = Layer()  # Layer.make(patch, stack, installed, now, seq, original), inline
                 layer.patch = patch
                 layer.stack = stack
                 layer.count = 1
                 layer.since = now
-                layer.seq = seq  # one per apply: its clean installs are on distinct attributes, so never compared
-                layer.original = ABSENT
-                layer.installed = _Ref(value)
+                layer.seq = next(SEQUENCE)
+                layer.original = original
+                layer.installed = held
                 layers_on.append(layer)
                 layers.append(layer)
             else:
@@ -251,7 +263,7 @@ class Store:
             raise
         finally:
             _release()
-        if _LEVELS.get(_DEBUG) is not False and debugging():  # logging's cached answer, else asked
+        if LOG_LEVELS.get(_DEBUG) is not False and debugging():  # logging's cached answer, else asked
             for layer in layers:
                 log.debug("patchreg: installed %s on %s", layer.patch.name, layer.stack.where)
         return ledger
@@ -329,10 +341,8 @@ class Store:
     def foreign_top(
         self, key: tuple[int, str], layers: list[Layer], holder: Any, current: Any
     ) -> tuple[Store, Stack, Layer] | None:
-        """Another registry's live layer that installed ``current`` on this attribute (the topmost), if any.
-
-        ``layers``: this registry's on the attribute (``key``), bottom first.
-        """
+        """Another registry's live layer that installed ``current`` on this attribute (the topmost), if any
+        (``layers``: this registry's on the attribute ``key``, bottom first)."""
         if len(STORES) < 2:
             return None
         mine = layers[-1] if layers else None
@@ -349,19 +359,26 @@ class Store:
         In one pass for a clean report (:meth:`take_planned`'s) whose every layer is still alone on its attribute
         with one user and holds what it installed there; else the general way, for every case.
         """
-        if ledger.clean and not ledger.unwound and not ledger.released and _LEVELS.get(_DEBUG) is False:
+        if ledger.clean and not ledger.unwound and not ledger.released and LOG_LEVELS.get(_DEBUG) is False:
             taken = ledger.layers
             for layer in taken:  # all checked before any is put back (all or nothing)
                 stack = layer.stack
-                mine = layer.installed()  # a method bound to the holder: its __self__ is the holder
-                if (
-                    mine is None
-                    or layer.count != 1
-                    or stack.dependents is not None
-                    or len(stack.layers) != 1
-                    or mine.__self__.__dict__.get(stack.attr) is not mine
-                ):
+                if layer.count != 1 or stack.dependents is not None or len(stack.layers) != 1:
                     break  # one is not as installed: the general way says what to do
+                installed, holder = layer.installed, stack.ref()
+                if holder is None:
+                    break
+                if stack.kind != "instance":  # a module's or class's: held strongly
+                    if vars(holder).get(stack.attr, ABSENT) is not installed:
+                        break
+                elif type(installed) is _Ref:  # held weakly (what it installed, or a wrap of it, keeps the holder)
+                    mine = installed()
+                    if mine is None or holder.__dict__.get(stack.attr, ABSENT) is not mine:
+                        break
+                    if type(layer.original) is WeakOriginal and layer.displaced() is GONE:
+                        break
+                elif not layer.owns(stack.current()):  # by identity (no weak reference to it)
+                    break
             else:
                 n = i = len(taken)
                 while i:  # last taken first; an index, no iterator to allocate
@@ -370,9 +387,19 @@ class Store:
                     stack = layer.stack
                     holder = stack.ref()
                     if holder is not None:  # (collected since the check: gone with it)
-                        holder.__dict__.pop(stack.attr, None)
+                        original = layer.original
+                        if original is ABSENT:  # an instance's attribute it did not have
+                            holder.__dict__.pop(stack.attr, None)
+                        elif stack.kind == "instance":
+                            holder.__dict__[stack.attr] = layer.displaced()
+                        elif stack.kind == "module":
+                            holder.__dict__[stack.attr] = original
+                        else:
+                            _setattr(holder, stack.attr, original)
                     stack.layers.pop()
                     layer.count = 0
+                    if layer.original is not ABSENT:
+                        layer.original = None  # as uninstall: a released layer keeps no original alive
                     ledger.unwound = n - i  # a retry after an interrupt releases only the rest
                 ledger.released = True
                 return n
@@ -400,7 +427,7 @@ class Store:
             check_release(to_release(ledger))
             break
         restored = 0
-        debug = _LEVELS.get(_DEBUG)
+        debug = LOG_LEVELS.get(_DEBUG)
         if debug is None:
             debug = debugging()
         for i in range(todo - 1, -1, -1):  # last taken first

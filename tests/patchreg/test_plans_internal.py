@@ -19,7 +19,7 @@ def test_a_fully_traced_set_is_planned_flat_and_checked_first() -> None:
     (plan,) = registry._installs.plans.values()
     cycle(registry, m)
     assert list(registry._installs.plans.values()) == [plan] and registry._installs.last is plan
-    assert plan.flat is not None and len(plan.flat) == 3
+    assert plan.planned and plan.fast is not None and len(plan.fast) == 3
 
 
 @pytest.mark.parametrize("target", [FORWARD, PatchSet("with-miss", (FORWARD, MISSING))], ids=["flat", "work"])
@@ -29,4 +29,4 @@ def test_a_patch_resolved_at_every_apply_keeps_its_set_off_the_flat_path(target:
     for _ in range(2):
         registry.revert(registry.apply(target, m))
     (plan,) = registry._installs.plans.values()
-    assert (plan.flat is not None) == (target is FORWARD)
+    assert plan.planned == (target is FORWARD)

@@ -41,7 +41,7 @@ def test_a_plan_is_kept_from_the_second_apply_and_found_first() -> None:
     assert store.plan_for(SET, model) is None
     _cycle(registry, model)
     plan = store.plan_for(SET, model)
-    assert plan is not None and store.last is plan and plan.bound is not None
+    assert plan is not None and store.last is plan and plan.fast is not None
     assert store.plan_for(SET, _Model()) is None
 
 
