@@ -33,7 +33,7 @@ from patches.megatron._compat import GPT, MTP, binder, mcore_version, parameters
 from patches.megatron._loss import RL_MODE, attach_mtp_loss, last_losses, process_groups, roll
 from patches.megatron._models import HYBRID
 from patches.megatron._postprocess import in_inference
-from patchreg import Patch, check, has
+from patchreg import Patch, check, has, on_refresh
 
 __all__ = [
     "NATIVE",
@@ -94,7 +94,11 @@ def _rl_mode_probe() -> tuple[bool, str]:
     return True, f"labels=None and mtp_detach_heads probed on megatron-core {mcore_version()}"
 
 
-NATIVE = check(_rl_mode_probe, "upstream's RL mode (labels=None) with mtp_detach_heads")
+def _probe() -> tuple[bool, str]:
+    return _rl_mode_probe()  # looked up at each evaluation (after patchreg.refresh(): a test can take today's route)
+
+
+NATIVE = check(_probe, "upstream's RL mode (labels=None) with mtp_detach_heads")
 
 
 def _covered() -> tuple[bool, str]:
@@ -110,10 +114,13 @@ _NATIVE: list[bool] = []
 
 
 def native() -> bool:
-    """Whether this release takes the native route (the probe's answer, read once)."""
+    """Whether this release takes the native route (the probe's answer, read once until ``patchreg.refresh()``)."""
     if not _NATIVE:
         _NATIVE.append(NATIVE.evaluate().ok)
     return _NATIVE[0]
+
+
+on_refresh(_NATIVE.clear)
 
 
 class _Call:
