@@ -33,7 +33,8 @@ from patches.megatron._compat import GPT, MTP, binder, mcore_version, parameters
 from patches.megatron._loss import RL_MODE, attach_mtp_loss, last_losses, process_groups, roll
 from patches.megatron._models import HYBRID
 from patches.megatron._postprocess import in_inference
-from patchreg import Patch, check, has, on_refresh
+from patches.megatron._verified import GPT_MTP_LOSS_BODY, HYBRID_MTP_LOSS_BODY
+from patchreg import Patch, check, has, not_needed_when, on_refresh
 
 __all__ = [
     "NATIVE",
@@ -110,6 +111,18 @@ def _covered() -> tuple[bool, str]:
 
 #: today's replacements are ``not_needed_when(natively_covered)``: skipped where the native route installs
 natively_covered = check(_covered, UPSTREAM)
+
+
+def _todays_patches() -> tuple[bool, str]:
+    answer = NATIVE.evaluate()
+    return not answer.ok, (
+        f"{UPSTREAM}: {answer.reason}" if answer.ok else f"patched: today's patches carry it ({answer.reason})"
+    )
+
+
+#: the native route's patches are ``not_needed_when(TODAYS)``: a release without the RL mode needs none of them
+#: (``doctor`` counts them as fine there, as today's replacements on 0.19.2)
+TODAYS = not_needed_when(check(_todays_patches, "upstream has no RL mode with mtp_detach_heads here"))
 _NATIVE: list[bool] = []
 
 
@@ -267,7 +280,7 @@ HEADS_DETACHED = Patch(
     "config.mtp_detach_heads",
     True,
     kind="value",
-    when=NATIVE,
+    when=TODAYS,
     doc="upstream's mtp_detach_heads for the block: the MTP loss reaches neither embedding, decoder nor head",
 )
 
@@ -276,7 +289,7 @@ HEADS_ATTACHED = Patch(
     "config.mtp_detach_heads",
     False,
     kind="value",
-    when=NATIVE,
+    when=TODAYS,
     doc="mtp_detach_heads off for the block: the MTP loss trains the trunk too, as pretraining does",
 )
 
@@ -285,7 +298,7 @@ RL_MODE_FORWARD = Patch(
     "forward",
     rl_mode_forward,
     kind="wrap",
-    when=NATIVE,
+    when=TODAYS,
     doc="upstream's forward with labels=None (logits back); the user's labels and mask kept for the MTP loss",
 )
 
@@ -294,8 +307,9 @@ RL_MODE_MTP_LOSS = Patch(
     f"{GPT}:process_mtp_loss",
     rl_mode_mtp_loss,
     kind="wrap",
-    when=NATIVE & has(f"{GPT}:process_mtp_loss"),
+    when=TODAYS & has(f"{GPT}:process_mtp_loss"),
     doc="a model in the block: upstream's RL mode where exact (labels = input_ids shifted), else our loss",
+    verified=GPT_MTP_LOSS_BODY,
 )
 
 RL_MODE_HYBRID_MTP_LOSS = Patch(
@@ -303,8 +317,9 @@ RL_MODE_HYBRID_MTP_LOSS = Patch(
     f"{HYBRID}:process_mtp_loss",
     rl_mode_mtp_loss,
     kind="wrap",
-    when=NATIVE & has(f"{HYBRID}:process_mtp_loss"),
+    when=TODAYS & has(f"{HYBRID}:process_mtp_loss"),
     doc="as rl_mode_mtp_loss, for HybridModel",
+    verified=HYBRID_MTP_LOSS_BODY,
 )
 
 #: the native route's patches (the rest of a set, where this route is taken, is skipped as natively covered)
