@@ -230,7 +230,9 @@ def rl_mode_mtp_loss(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs:
 
 def _translate(call: _Call, ids: Any, cp_group: Any, packed: Any) -> tuple[Any, Any, str | None]:
     """``(input-aligned mask for upstream, label-aligned mask, None)`` where upstream's RL mode gives the user's
-    loss exactly, else ``(None, None, why not)``. One host sync for a call with labels; none for ``labels=None``."""
+    loss exactly, else ``(None, None, why not)``. One host sync for a call with labels; none for ``labels=None``.
+    Under context parallelism the ranks agree on one answer (the mask shifted here on the local chunk is exact
+    only where the chunk boundaries are masked; elsewhere the call takes today's loss)."""
     import torch
 
     if call.labels is None:  # the user's own RL mode: the mask is input-aligned already
@@ -246,7 +248,12 @@ def _translate(call: _Call, ids: Any, cp_group: Any, packed: Any) -> tuple[Any, 
     mask_in[..., 1:] = mask[..., :-1]  # upstream rolls it left once with the labels: the user's mask again
     back, _ = roll(mask_in, cp_group, packed)
     shifted, _ = roll(ids, cp_group, packed)
-    bad = torch.stack([(back != mask).any(), ((call.labels != shifted) & (mask != 0)).any()]).tolist()
+    flags = torch.stack([(back != mask).any(), ((call.labels != shifted) & (mask != 0)).any()]).int()
+    if cp_group is not None and cp_group.size() > 1:  # one route on every CP rank: the two run different collectives
+        import torch.distributed as dist
+
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=cp_group)
+    bad = flags.tolist()
     if bad[0]:
         return None, None, "the loss mask is not 0 at the last position (of each packed sequence)"
     if bad[1]:

@@ -494,7 +494,8 @@ class MTPBlock(patchreg.Patched[MTPReport]):
         other = not self.detach_encoder
         msg = (
             f"mtp_patched(detach_encoder={self.detach_encoder}) cannot be entered while "
-            f"mtp_patched(detach_encoder={other}) (or another replacement of _postprocess) is active on this "
+            f"mtp_patched(detach_encoder={other}) (or another patch of _postprocess or config.mtp_detach_heads) is "
+            "active on this "
             f"model; exit that block first or use one detach_encoder value. Engine: {exc}"
         )
         return MTPConflictError(msg, patch=exc.patch, target=exc.target)

@@ -228,3 +228,31 @@ def test_mtp_parameters_keep_their_grad_norm_group_under_the_block() -> None:
     whole = norms[False]["main"]
     split = (norms[True]["main"] ** 2 + norms[True]["mtp"] ** 2) ** 0.5
     assert abs(whole - split) <= 1e-5 * whole, (norms, whole, split)  # the same gradients, grouped differently
+
+
+@pytest.mark.parametrize("detach", [False, True], ids=["trunk", "detached"])
+@pytest.mark.parametrize("family", ["GPTModel", "HybridModel"])
+def test_a_padded_pack_rides_upstream_with_the_fixup_and_equals_todays_patches(family: str, detach: bool) -> None:
+    """A thd pack padded per sequence (mask 0 at each pack's last slot) takes the native route, as today's numbers."""
+    _native_only()
+    from tests.megatron.test_fixups import bshd_batch, packed_batch
+
+    model, batch = _build(family, False, 2), packed_batch(bshd_batch())
+
+    def block() -> tuple[Any, str | None]:
+        with mtp_patched(model, detach_encoder=detach) as report:
+            return model(**batch), report.last_route
+
+    def old() -> tuple[Any, None]:
+        with patchreg.Registry("old").patched(_old_set(family, detach), model):
+            return model(**batch), None  # today's patches apply the padded-pack fix-up themselves
+
+    new, ref = _step(model, block), _step(model, old)
+    diffs = (
+        float((new[0] - ref[0]).abs().max()),
+        max(abs(a - b) for a, b in zip(new[1], ref[1], strict=True)),
+        max(float((new[2][n] - g).abs().max()) for n, g in ref[2].items()),
+    )
+    record_measurement(f"route vs patches packed-padded logits/losses/grads ({family}, detach={detach})", max(diffs))
+    assert new[3] == UPSTREAM and len(new[1]) == 2
+    assert diffs == (0.0, 0.0, 0.0), diffs
