@@ -3,7 +3,7 @@
 Usage: ``python scripts/matrix_summary.py .matrix/<ver>.measurements.jsonl`` (scripts/test-matrix.sh calls it).
 Per model class (GPTModel, HybridModel, MambaModel): the max abs diff of the logits and of the MTP
 gradients against the independent reference, upstream-RL-mode parity (``labels=None``) where the
-release has that mode, and for each detach mode the patches installed, those natively covered (skipped
+release has that mode, the native route against today's patches where the block rides that mode (0.19.2+), and for each detach mode the patches installed, those natively covered (skipped
 as not needed: upstream does it right here) and those skipped otherwise (with the reason). Then the
 fix-ups of upstream bugs (``MTP_FIXUPS_SET``): active here or not, and why, with the packed-padded
 figures with and without the fix-up.
@@ -43,7 +43,9 @@ def patch_lines(rows: list[dict[str, Any]]) -> list[str]:
         parts = [f"{name} installed" for name in row["value"]["installed"]]
         for name, reason in row["value"]["skipped"].items():
             short = reason if len(reason) <= REASON_WIDTH else reason[: REASON_WIDTH - 1] + "…"
-            if reason.startswith("not needed"):  # natively covered: upstream does it right on this release
+            if "patched: today's patches carry it" in reason:  # the native route's patches, on a release without it
+                state = "not used (today's patches)"
+            elif reason.startswith("not needed"):  # natively covered: upstream does it right on this release
                 state = "natively covered" if "upstream" in reason else "not needed"
             else:
                 state = "skipped"
@@ -83,9 +85,11 @@ def summary(path: str) -> list[str]:
             continue
         rl = worst(mine, "rl-mode parity")
         rl_text = f"rl-mode parity (grads) {number(rl)}" if not math.isnan(rl) else "rl-mode: none on this release"
+        route = worst(mine, "route vs patches")  # 0.19.2+: the native route against today's patches, max over all
+        route_text = f" | native route vs today's patches {number(route)}" if not math.isnan(route) else ""
         lines.append(
             f"    {cls:<12} logits {number(worst(mine, 'logits'))} | mtp grads {number(worst(mine, 'mtp grad'))} "
-            f"| {rl_text}"
+            f"| {rl_text}{route_text}"
         )
         lines += patch_lines(mine)
     lines += fixup_lines(rows)
