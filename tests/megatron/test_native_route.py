@@ -256,3 +256,18 @@ def test_a_padded_pack_rides_upstream_with_the_fixup_and_equals_todays_patches(f
     record_measurement(f"route vs patches packed-padded logits/losses/grads ({family}, detach={detach})", max(diffs))
     assert new[3] == UPSTREAM and len(new[1]) == 2
     assert diffs == (0.0, 0.0, 0.0), diffs
+
+
+def test_per_depth_losses_come_out_of_the_native_route_in_eval_too() -> None:
+    """In eval mode (upstream logs nothing to its tracker) report.mtp_losses still has today's per-depth losses."""
+    _native_only()
+    model = build_gpt(mtp_num_layers=2).eval()
+    ids, pos, causal, labels, mask = _inputs("exact")
+    with torch.no_grad(), mtp_patched(model, detach_encoder=True) as report:
+        model(ids, pos, causal, labels=labels, loss_mask=mask)
+        assert report.last_route == UPSTREAM
+    with torch.no_grad(), patchreg.Registry("old").patched(_old_set("GPTModel", True), model):
+        before = last_losses.count
+        model(ids, pos, causal, labels=labels, loss_mask=mask)
+        old = tuple(float(v) for v in last_losses.newest((model,), before)[1])  # type: ignore[index]
+    assert report.mtp_losses == old and len(old) == 2
