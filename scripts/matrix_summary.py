@@ -41,15 +41,19 @@ def patch_lines(rows: list[dict[str, Any]]) -> list[str]:
             continue
         detach = row["key"].rsplit("detach=", 1)[-1].rstrip(")")
         parts = [f"{name} installed" for name in row["value"]["installed"]]
+        unused = []  # the native route's patches, on a release without upstream's RL mode: one part, no reasons
         for name, reason in row["value"]["skipped"].items():
             short = reason if len(reason) <= REASON_WIDTH else reason[: REASON_WIDTH - 1] + "…"
-            if "patched: today's patches carry it" in reason:  # the native route's patches, on a release without it
-                state = "not used (today's patches)"
-            elif reason.startswith("not needed"):  # natively covered: upstream does it right on this release
+            if "patched: today's patches carry it" in reason:
+                unused.append(name)
+                continue
+            if reason.startswith("not needed"):  # natively covered: upstream does it right on this release
                 state = "natively covered" if "upstream" in reason else "not needed"
             else:
                 state = "skipped"
             parts.append(f"{name} {state} ({short})")
+        if unused:
+            parts.append(f"native route not used ({', '.join(unused)}): no RL mode with mtp_detach_heads here")
         lines.append(f"      detach_encoder={detach}: " + "; ".join(parts))
     return lines
 
