@@ -6,7 +6,7 @@ the output head), the block installs three patches in place of today's replaceme
 
 - ``mtp_detach_heads`` / ``mtp_heads_attached``: ``config.mtp_detach_heads`` set to ``detach_encoder`` for the
   block (a ``kind="value"`` patch on the model's own config object);
-- ``rl_mode_forward``: a wrap of the model's ``forward`` that calls upstream's forward with ``labels=None`` (it
+- ``rl_mode_forward``: the model's ``forward`` (on the instance) calling upstream's forward with ``labels=None`` (it
   returns logits ``[b, s, vocab/tp]``) and keeps the user's labels and label-aligned mask for the MTP loss; a
   user ``output_processor`` (GPTModel) still gets the user's labels and mask;
 - ``rl_mode_mtp_loss`` (GPTModel) / ``rl_mode_hybrid_mtp_loss`` (HybridModel): a wrap of ``process_mtp_loss`` as
@@ -160,9 +160,13 @@ def last_route(models: Any, after: int) -> str | None:
     return None if best is None else best[1]
 
 
-def rl_mode_forward(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Upstream's forward with ``labels=None`` (logits back); the user's labels and mask kept for the MTP loss."""
-    model = getattr(wrapped, "__self__", instance)
+def rl_mode_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """Upstream's forward with ``labels=None`` (logits back); the user's labels and mask kept for the MTP loss.
+
+    Installed as a method on the model instance that calls the class's own ``forward`` (not a ``wrap``: a
+    ``wrapt`` proxy on an instance holds the bound method of that instance, so ``copy.deepcopy(model)`` inside
+    the block would fail, or a copy would call the original model)."""
+    model, wrapped = self, type(self).forward.__get__(self, type(self))
     a = binder(type(model).forward).bind(model, args, kwargs)
     if in_inference(model, a):
         return wrapped(*args, **kwargs)
@@ -304,7 +308,6 @@ RL_MODE_FORWARD = Patch(
     "rl_mode_forward",
     "forward",
     rl_mode_forward,
-    kind="wrap",
     when=TODAYS,
     doc="upstream's forward with labels=None (logits back); the user's labels and mask kept for the MTP loss",
 )
@@ -335,31 +338,23 @@ NATIVE_ROUTE = frozenset(p.name for p in (HEADS_DETACHED, HEADS_ATTACHED, RL_MOD
 
 
 def route_lines(entries: Any, skipped: Any) -> list[str]:
-    """Per patch of a block's set, which way it went here and why: ``upstream does this natively here`` or
-    ``patched: <reason>`` (for ``str(MTPReport)``)."""
+    """Which way each patch of a block's set went here, and why (for ``str(MTPReport)``): one line naming those
+    ``upstream does this natively here`` (the native route's own and today's replacements it covers; the reasons are
+    the engine's skip lines), one ``<name>: patched: <reason>`` line per patch that replaces an upstream body."""
     answer = NATIVE.evaluate()
-    lines, seen = [], set()
+    native_names, lines = [], []
     for name in dict.fromkeys(entry.patch for entry in entries):
-        seen.add(name)
         if name in NATIVE_ROUTE:
-            lines.append(f"{name}: {UPSTREAM} (the block {_HOW[name]})")
+            native_names.append(name)
         else:
             lines.append(f"{name}: patched: {_WHY.get(name, answer.reason)}")
+    taken = set(native_names) | {line.split(":")[0] for line in lines}
     for name, reason in skipped:
-        if name in seen or name in NATIVE_ROUTE:
-            continue  # the route not taken
-        if reason.startswith("not needed here: "):
-            detail = reason.removeprefix("not needed here: ").removeprefix(UPSTREAM).strip()
-            detail = detail[1:-1] if detail.startswith("(") and detail.endswith(")") else detail
-            lines.append(f"{name}: {UPSTREAM} ({detail})")
-    return lines
+        covered = reason.startswith("not needed here: ") and "upstream" in reason  # natively, or fixed upstream
+        if name not in taken and name not in NATIVE_ROUTE and covered:
+            native_names.append(name)
+    head = [f"{UPSTREAM}: {', '.join(native_names)}"] if native_names else []
+    return head + lines
 
 
-_HOW = {
-    HEADS_DETACHED.name: "sets config.mtp_detach_heads=True",
-    HEADS_ATTACHED.name: "sets config.mtp_detach_heads=False",
-    RL_MODE_FORWARD.name: "calls forward with labels=None",
-    RL_MODE_MTP_LOSS.name: "hands the call to upstream's RL mode where exact",
-    RL_MODE_HYBRID_MTP_LOSS.name: "hands the call to upstream's RL mode where exact",
-}
 _WHY: dict[str, str] = {"checkpointed_forward": "upstream's MTP recompute is broken on this release"}

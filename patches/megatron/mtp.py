@@ -384,9 +384,9 @@ class MTPReport:
         lines += textwrap.wrap(f"note: {self.note}", _WIDTH, subsequent_indent="  ") if self.note else []
         for line in [*route_lines(self.report.entries, self.report.skipped), *fixup_lines()]:
             lines += textwrap.wrap(line, _WIDTH, subsequent_indent="  ")
-        if self.last_route is not None:
-            lines += textwrap.wrap(f"last step's MTP loss: {self.last_route}", _WIDTH, subsequent_indent="  ")
-        return "\n".join([*lines, f"mtp losses (last step): {losses or 'none yet'}"])
+        route = f" ({self.last_route})" if self.last_route is not None else ""  # 0.19.2+: which way, per call
+        last = textwrap.wrap(f"mtp losses (last step): {losses or 'none yet'}{route}", _WIDTH, subsequent_indent="  ")
+        return "\n".join([*lines, *last])
 
     def __repr__(self) -> str:
         return f"<MTPReport detach_encoder={self.detach_encoder} {self.report!r} mtp_losses={self.mtp_losses}>"

@@ -200,9 +200,28 @@ def test_the_report_says_which_way_each_patch_went() -> None:
     with mtp_patched(model, detach_encoder=True) as report:
         model(ids, pos, causal, labels=labels, loss_mask=mask)
         text = str(report)
-    for name in ("mtp_detach_heads", "rl_mode_forward", "rl_mode_mtp_loss", "postprocess_detached"):
-        assert f"{name}: {UPSTREAM}" in text, text
-    assert "last step's MTP loss: patched: the labels are not input_ids shifted" in text, text
+    flat = " ".join(line.strip() for line in text.splitlines())  # str(report) wraps at 100 columns
+    native = flat.split(f"{UPSTREAM}: ")[1].split(" fix-up ")[0]
+    for name in (
+        "mtp_detach_heads",
+        "rl_mode_forward",
+        "rl_mode_mtp_loss",
+        "postprocess_detached",
+        "detach_embeddings",
+    ):
+        assert name in native, text
+    assert ": patched: " not in native, text  # nothing on this release replaces an upstream body
+    assert "(patched: the labels are not input_ids shifted left once under the loss mask)" in flat, text
+
+
+@pytest.mark.usefixtures("todays_route")
+def test_on_todays_route_the_report_says_why_each_patch_is_patched() -> None:
+    """Without upstream's RL mode (forced here) each installed replacement says 'patched: <why>' in str(report)."""
+    model = build_gpt(mtp_num_layers=1)
+    with mtp_patched(model, detach_encoder=True) as report:
+        text = " ".join(line.strip() for line in str(report).splitlines())
+    assert "postprocess_detached: patched: the test takes today's patches" in text, text
+    assert "detach_embeddings: patched: " in text and "rl_mode_forward" not in text.split("fix-up")[1], text
 
 
 def test_mtp_parameters_keep_their_grad_norm_group_under_the_block() -> None:
