@@ -3,7 +3,11 @@
 Inside the block the model returns logits ``[b, s, vocab/tp]`` (never the LM loss) and, when
 labels are given (or, on releases with upstream's RL mode, 0.19+, derived from ``input_ids`` with
 ``labels=None``), the MTP loss rides on the graph through ``MTPLossAutoScaler``; after it the
-model is the upstream model again. Patches, each gated per release by its predicate:
+model is the upstream model again. On releases with upstream's RL mode and ``mtp_detach_heads`` (0.19.2,
+probed) the block installs no reimplementation of an upstream body: ``mtp_detach_heads`` / ``mtp_heads_attached``
+(the config flag, a value), ``rl_mode_forward`` and ``rl_mode_mtp_loss`` / ``rl_mode_hybrid_mtp_loss``
+(:mod:`patches.megatron._native`: upstream's ``labels=None`` route, today's loss for a call it cannot
+translate exactly), and the patches below are skipped as natively covered. Elsewhere, each gated per release:
 
 - GPTModel: ``postprocess`` / ``postprocess_detached`` (the model's ``_postprocess``)
 - HybridModel / MambaModel 0.17: ``hybrid_forward`` / ``hybrid_forward_detached`` (the model's
