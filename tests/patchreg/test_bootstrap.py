@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 # A third-party distribution with two import-path sets and one selector set, installed on a tmp sys.path entry.
-DIST_MODULE = """
+DIST_MODULE = '''
 from patchreg import Patch, PatchSet
 
 def quiet(x):
@@ -31,7 +31,7 @@ ALSO = PatchSet("boot-also", [Patch("also", "boot_patches:OTHER", 2, kind="value
 BOUND = PatchSet("boot-bound", [Patch("bound", "method", louder)])
 LATER = PatchSet("boot-later", [Patch("later", "boot_later:f", louder)])
 OTHER = 1
-"""
+'''
 
 ENTRY_POINTS = """
 [patchreg.patchsets]

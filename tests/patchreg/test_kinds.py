@@ -366,9 +366,7 @@ def test_prepend_puts_a_value_in_front_of_an_environment_variable_for_a_block(
         assert "prepend=" in repr(p)
     assert os.environ[ENV] == "/usr/bin"
     monkeypatch.delenv(ENV)
-    with patch_registry.patched(
-        Patch("path", "os:environ", "/opt/bin", kind="item", key=ENV, create=True, prepend=":")
-    ):
+    with patch_registry.patched(Patch("path", "os:environ", "/opt/bin", kind="item", key=ENV, create=True, prepend=":")):
         assert os.environ[ENV] == "/opt/bin"  # nothing there: the value alone
     assert ENV not in os.environ
 
@@ -386,9 +384,7 @@ def test_prepend_is_for_str_items_only() -> None:
 # -- a whole mapping for a block (mock.patch.dict) -----------------------------------------------
 
 
-def test_a_dict_patch_sets_its_keys_and_clear_empties_the_rest_for_a_block(
-    patch_registry: Registry, clean: None
-) -> None:
+def test_a_dict_patch_sets_its_keys_and_clear_empties_the_rest_for_a_block(patch_registry: Registry, clean: None) -> None:
     """kind='dict' sets each key (creating the absent), clear=True makes the others absent; all come back as they were."""
     before = dict(ks.TABLE)
     values = {"gpt": "mine", "new": 1}

@@ -117,9 +117,7 @@ def test_deepcopy_sharing_groups_behaves_patched_and_never_calls_the_original() 
     assert _instance_patches(model) == {}
     assert model(*batch.args(), **batch.kwargs()).shape == batch.input_ids.shape  # upstream: per-token loss
     assert _instance_patches(clone), "documented: a copy made inside the block stays patched"
-    assert all(
-        "@" not in e.address or id(clone) != int(e.address.split("@")[1], 16) for e in patchreg.registry.active()
-    )
+    assert all("@" not in e.address or id(clone) != int(e.address.split("@")[1], 16) for e in patchreg.registry.active())
 
 
 def test_deepcopy_outside_the_block_is_upstream() -> None:
