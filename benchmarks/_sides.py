@@ -14,6 +14,8 @@ import patchreg
 from benchmarks._peers import Sink
 
 SITES = (("", "_postprocess"), ("mtp.layers.0", "_get_embeddings"), ("mtp.layers.0", "_checkpointed_forward"))
+#: the patches of MTP_DETACH_SET that replace the methods at SITES (what verl's hand patches replace), in order
+SITE_PATCHES = ("postprocess_detached", "detach_embeddings", "checkpointed_forward")
 
 
 def ours() -> Any:
@@ -33,10 +35,16 @@ def _holder(model: Any, path: str) -> Any:
 def _targets(model: Any, only: tuple[str, ...] | None = None) -> list[tuple[Any, str, Any]]:
     """(holder, attribute, replacement bound as an installer by hand would bind it) of our set's patches.
 
-    All three (``only=None``), or those of the patches named in ``only`` (what our block installs).
+    All three (``only=None``), or those of the patches named in ``only`` (what our block installs); where our block
+    installs others (0.19.2: upstream's RL mode, a config value and two wraps), what it installs, found by
+    :func:`installed_sites`.
     """
+    if only is not None and not set(only) <= set(SITE_PATCHES):
+        return targets_at(model, installed_sites(model))
+    by_name = {patch.name: patch for patch in ours().MTP_DETACH_SET}
     found = []
-    for patch, (path, attr) in zip(ours().MTP_DETACH_SET, SITES, strict=True):
+    for name, (path, attr) in zip(SITE_PATCHES, SITES, strict=True):
+        patch = by_name[name]
         if only is None or patch.name in only:
             holder = _holder(model, path)
             found.append((holder, attr, patch.replacement.__get__(holder, type(holder))))
@@ -47,13 +55,15 @@ def _targets(model: Any, only: tuple[str, ...] | None = None) -> list[tuple[Any,
 
 
 def _namespaces(model: Any) -> list[Any]:
-    """The model's modules (the model first), then the Python modules our sets' import-path patches target."""
+    """The model's modules (the model first), its config (0.19.2's native route sets a value there), then the Python
+    modules our sets' import-path patches target."""
     import sys
 
     named = {
         str(p.where).split(":")[0] for s in (ours().MTP_DETACH_SET, *_hybrid_sets()) for p in s if ":" in str(p.where)
     }
-    return [*model.modules(), *(sys.modules[n] for n in sorted(named) if n in sys.modules)]
+    config = [model.config] if hasattr(model, "config") else []
+    return [*model.modules(), *config, *(sys.modules[n] for n in sorted(named) if n in sys.modules)]
 
 
 def _hybrid_sets() -> list[Any]:

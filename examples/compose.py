@@ -1,10 +1,11 @@
 """Compose three patch sets in one ExitStack on a tiny real Megatron-Core GPTModel, on CPU.
 
 - ``cpu_patched()``: the CPU shims (Megatron-Core's CUDA RNG tracker and buffers on CPU);
-- ``mtp_patched(model)``: Multi-Token Prediction for PPO (replaces the model's ``_postprocess``);
-- a user's own small patch set: two wraps, one of them on the same ``_postprocess``
-  (wraps stack over the MTP replacement; a second *replace* there would raise
-  ``PatchConflictError`` naming both patches).
+- ``mtp_patched(model)``: Multi-Token Prediction for PPO (replaces the model's ``_postprocess``; on
+  megatron-core 0.19.2 it sets ``config.mtp_detach_heads`` and rides upstream's RL mode instead);
+- a user's own small patch set: two wraps, one of them on ``_postprocess``
+  (wraps stack over the MTP replacement; a second *replace* of what the block replaced, or another
+  value of its config flag, raises ``PatchConflictError`` naming both patches).
 
 It prints the registry summary inside the block, then shows that every touched
 namespace is exactly what it was before. Run: ``python examples/compose.py``.
@@ -85,7 +86,10 @@ def main() -> int:
     with contextlib.ExitStack() as stack:
         stack.enter_context(cpu_patched())
         mtp = stack.enter_context(mtp_patched(model))
-        rival = Patch("rival-postprocess", "_postprocess", lambda self, *args, **kwargs: None)
+        if any(entry.patch == "rl_mode_forward" for entry in mtp.entries):  # 0.19.2: upstream's RL mode, our flag
+            rival = Patch("rival-detach-heads", "config.mtp_detach_heads", True, kind="value")
+        else:  # today's patches: our replacement of _postprocess
+            rival = Patch("rival-postprocess", "_postprocess", lambda self, *args, **kwargs: None)
         try:  # another library's *replace* of the same attribute is refused, naming both patches
             patchreg.apply(rival, model)
         except patchreg.PatchConflictError as exc:

@@ -88,6 +88,7 @@ def rollout(step: int) -> dict[str, Any]:
     ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen)
     mask = torch.ones(BATCH, SEQ)
     mask[:, :4] = 0  # the prompt
+    mask[:, -1] = 0  # the last label (input_ids rolled around) is no real token (0.19.2: the block rides upstream)
     return {
         "input_ids": ids,
         "position_ids": torch.arange(SEQ).expand(BATCH, SEQ),
@@ -110,8 +111,10 @@ def ppo_loss(logits: Any, batch: dict[str, Any], clip: float = 0.2) -> Any:
 
 
 def namespaces(model: Any) -> dict[str, Any]:
-    """Every namespace the two sets may touch, by name: the model, its MTP layers, the CPU set's modules and classes."""
+    """Every namespace the two sets may touch, by name: the model, its MTP layers and config, the sets' modules and
+    classes."""
     found = {"model": model, **{f"model.mtp.layers[{i}]": layer for i, layer in enumerate(model.mtp.layers)}}
+    found["model.config"] = model.config  # 0.19.2: the block sets config.mtp_detach_heads for its duration
     for patch in (*CPU_SET.patches, *MTP_DETACH_SET.patches):
         if isinstance(patch.target, str) and ":" in patch.target:  # an import path "pkg.mod:Qual.attr"
             module_name, qualname = patch.target.split(":")

@@ -3,7 +3,7 @@
 Usage: ``python scripts/matrix_summary.py .matrix/<ver>.measurements.jsonl`` (scripts/test-matrix.sh calls it).
 Per model class (GPTModel, HybridModel, MambaModel): the max abs diff of the logits and of the MTP
 gradients against the independent reference, upstream-RL-mode parity (``labels=None``) where the
-release has that mode, and for each detach mode the patches installed, those natively covered (skipped
+release has that mode, the native route against today's patches where the block rides that mode (0.19.2+), and for each detach mode the patches installed, those natively covered (skipped
 as not needed: upstream does it right here) and those skipped otherwise (with the reason). Then the
 fix-ups of upstream bugs (``MTP_FIXUPS_SET``): active here or not, and why, with the packed-padded
 figures with and without the fix-up.
@@ -41,13 +41,19 @@ def patch_lines(rows: list[dict[str, Any]]) -> list[str]:
             continue
         detach = row["key"].rsplit("detach=", 1)[-1].rstrip(")")
         parts = [f"{name} installed" for name in row["value"]["installed"]]
+        unused = []  # the native route's patches, on a release without upstream's RL mode: one part, no reasons
         for name, reason in row["value"]["skipped"].items():
             short = reason if len(reason) <= REASON_WIDTH else reason[: REASON_WIDTH - 1] + "…"
+            if "patched: today's patches carry it" in reason:
+                unused.append(name)
+                continue
             if reason.startswith("not needed"):  # natively covered: upstream does it right on this release
                 state = "natively covered" if "upstream" in reason else "not needed"
             else:
                 state = "skipped"
             parts.append(f"{name} {state} ({short})")
+        if unused:
+            parts.append(f"native route not used ({', '.join(unused)}): no RL mode with mtp_detach_heads here")
         lines.append(f"      detach_encoder={detach}: " + "; ".join(parts))
     return lines
 
@@ -83,9 +89,11 @@ def summary(path: str) -> list[str]:
             continue
         rl = worst(mine, "rl-mode parity")
         rl_text = f"rl-mode parity (grads) {number(rl)}" if not math.isnan(rl) else "rl-mode: none on this release"
+        route = worst(mine, "route vs patches")  # 0.19.2+: the native route against today's patches, max over all
+        route_text = f" | native route vs today's patches {number(route)}" if not math.isnan(route) else ""
         lines.append(
             f"    {cls:<12} logits {number(worst(mine, 'logits'))} | mtp grads {number(worst(mine, 'mtp grad'))} "
-            f"| {rl_text}"
+            f"| {rl_text}{route_text}"
         )
         lines += patch_lines(mine)
     lines += fixup_lines(rows)

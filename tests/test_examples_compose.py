@@ -25,11 +25,17 @@ def test_compose_example_applies_three_sets_and_restores_everything() -> None:
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
-    assert "refused: Patch 'rival-postprocess' replaces model._postprocess" in out
+    native = "rl_mode_forward" in out  # 0.19.2: the block rides upstream's RL mode; the rival is on its config flag
+    if native:
+        assert "refused: Patch 'rival-detach-heads' replaces model.config.mtp_detach_heads" in out
+        assert "but patch 'mtp_heads_attached' also replaces" in out
+    else:
+        assert "refused: Patch 'rival-postprocess' replaces model._postprocess" in out
+        assert "but patch 'postprocess' also replaces" in out
     assert "@0x" not in out  # holders read by path: model, model.decoder
     assert all(len(line) <= 100 for line in out.split("after the ExitStack:")[0].splitlines()[5:])  # the summary
-    assert "but patch 'postprocess' also replaces" in out
-    for name in ("rng_tracker_fork", "postprocess", "log-postprocess", "count-decoder"):
+    ours = "rl_mode_forward" if native else "postprocess"
+    for name in ("rng_tracker_fork", ours, "log-postprocess", "count-decoder"):
         assert any(line.split()[:1] == [name] for line in out.splitlines()), name
     after = out.split("after the ExitStack:")[1]
     assert "registry 'default': nothing active" in after

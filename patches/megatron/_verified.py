@@ -22,6 +22,7 @@ from patchreg import Verified
 __all__ = [
     "CHECKPOINTED_FORWARD_BODY",
     "GET_EMBEDDINGS_BODY",
+    "GPT_MTP_LOSS_BODY",
     "HYBRID_FORWARD_BODY",
     "HYBRID_MTP_LOSS_BODY",
     "MAMBA_MTP_LOSS_BODY",
@@ -84,6 +85,16 @@ HYBRID_MTP_LOSS_BODY = Verified(
     f"{HYBRID}:process_mtp_loss",
     {
         "0.18.2": "6eba785390e5672f",
+        "0.19.2": "6a17b61f755092d2",
+    },
+)
+
+# The native route (0.19.2+) hands a model's call to upstream's own process_mtp_loss in RL mode (labels=None):
+# the body it relies on, as gpt_model imported it (HybridModel's is HYBRID_MTP_LOSS_BODY, the same function).
+GPT_MTP_LOSS_BODY = Verified(
+    "megatron-core",
+    f"{GPT}:process_mtp_loss",
+    {
         "0.19.2": "6a17b61f755092d2",
     },
 )

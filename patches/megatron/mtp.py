@@ -3,7 +3,11 @@
 Inside the block the model returns logits ``[b, s, vocab/tp]`` (never the LM loss) and, when
 labels are given (or, on releases with upstream's RL mode, 0.19+, derived from ``input_ids`` with
 ``labels=None``), the MTP loss rides on the graph through ``MTPLossAutoScaler``; after it the
-model is the upstream model again. Patches, each gated per release by its predicate:
+model is the upstream model again. On releases with upstream's RL mode and ``mtp_detach_heads`` (0.19.2,
+probed) the block installs no reimplementation of an upstream body: ``mtp_detach_heads`` / ``mtp_heads_attached``
+(the config flag, a value), ``rl_mode_forward`` and ``rl_mode_mtp_loss`` / ``rl_mode_hybrid_mtp_loss``
+(:mod:`patches.megatron._native`: upstream's ``labels=None`` route, today's loss for a call it cannot
+translate exactly), and the patches below are skipped as natively covered. Elsewhere, each gated per release:
 
 - GPTModel: ``postprocess`` / ``postprocess_detached`` (the model's ``_postprocess``)
 - HybridModel / MambaModel 0.17: ``hybrid_forward`` / ``hybrid_forward_detached`` (the model's
@@ -46,6 +50,16 @@ from patches.megatron._models import (
     language_models,
     model_family,
 )
+from patches.megatron._native import (
+    HEADS_ATTACHED,
+    HEADS_DETACHED,
+    RL_MODE_FORWARD,
+    RL_MODE_HYBRID_MTP_LOSS,
+    RL_MODE_MTP_LOSS,
+    last_route,
+    natively_covered,
+    route_lines,
+)
 from patches.megatron._postprocess import postprocess, postprocess_detached
 from patches.megatron._verified import (
     CHECKPOINTED_FORWARD_BODY,
@@ -61,6 +75,8 @@ from patchreg import Patch, PatchConflictError, PatchSet, accepts, check, has, n
 
 __all__ = [
     "CHECKPOINTED_FORWARD",
+    "HEADS_ATTACHED",
+    "HEADS_DETACHED",
     "DETACH_EMBEDDINGS",
     "HYBRID_FORWARD",
     "HYBRID_FORWARD_DETACHED",
@@ -75,6 +91,9 @@ __all__ = [
     "MTP_SET",
     "POSTPROCESS",
     "POSTPROCESS_DETACHED",
+    "RL_MODE_FORWARD",
+    "RL_MODE_HYBRID_MTP_LOSS",
+    "RL_MODE_MTP_LOSS",
     "MTPBlock",
     "MTPReport",
     "mtp_patched",
@@ -87,8 +106,13 @@ _WIDTH = 100  # columns of str(report), as the engine's own reports
 _POSTPROCESS_PATH = f"{GPT}:GPTModel._postprocess"
 _LAYER = f"{MTP}:MultiTokenPredictionLayer"
 
+# On releases with upstream's RL mode and mtp_detach_heads (0.19.2) the native route's patches
+# (patches.megatron._native) take over, and each replacement below is skipped as natively covered.
+_PATCHED = not_needed_when(natively_covered)
+
 _POSTPROCESS_WHEN = (
-    requires("megatron-core>=0.13")
+    _PATCHED
+    & requires("megatron-core>=0.13")
     & has(f"{MTP}:MTPLossAutoScaler")
     & accepts(_POSTPROCESS_PATH, "hidden_states", "labels", "loss_mask", "mtp_in_postprocess")
 )
@@ -115,7 +139,8 @@ DETACH_EMBEDDINGS = Patch(
     "detach_embeddings",
     "mtp.layers[*]._get_embeddings",
     get_embeddings_detached,
-    when=has(f"{_LAYER}._get_embeddings"),  # 0.13: absent; the postprocess patch detaches the embeddings itself
+    when=_PATCHED
+    & has(f"{_LAYER}._get_embeddings"),  # 0.13: absent; the postprocess patch detaches the embeddings itself
     doc="MTP layers embed the shifted tokens without gradient to the embedding",
     verified=GET_EMBEDDINGS_BODY,
 )
@@ -157,16 +182,24 @@ CHECKPOINTED_FORWARD = Patch(
 # Fix-ups of upstream bugs that give wrong numbers without raising (patches.megatron._fixups): declared there,
 # applied by the patched forwards of every set below around a forward that needs them, and alone by
 # MTP_FIXUPS_SET for users of upstream's own RL mode.
-MTP_SET = PatchSet("megatron-mtp", (POSTPROCESS, CHECKPOINTED_FORWARD), doc="MTP for PPO; trunk trained by MTP")
+# Each set holds both routes, gated so that one installs: upstream's RL mode (a config value and two wraps)
+# where the release has it, today's replacements elsewhere.
+MTP_SET = PatchSet(
+    "megatron-mtp",
+    (HEADS_ATTACHED, RL_MODE_FORWARD, RL_MODE_MTP_LOSS, POSTPROCESS, CHECKPOINTED_FORWARD),
+    doc="MTP for PPO; trunk trained by MTP",
+)
 MTP_DETACH_SET = PatchSet(
     "megatron-mtp-detached",
-    (POSTPROCESS_DETACHED, DETACH_EMBEDDINGS, CHECKPOINTED_FORWARD),
+    (HEADS_DETACHED, RL_MODE_FORWARD, RL_MODE_MTP_LOSS, POSTPROCESS_DETACHED, DETACH_EMBEDDINGS, CHECKPOINTED_FORWARD),
     doc="MTP for PPO; only MTP layers trained by the MTP loss",
 )
 
 # HybridModel (0.18+) and MambaModel 0.17: MTP and its loss are inline in forward (no _postprocess).
-_HYBRID_FORWARD_WHEN = has(f"{MTP}:MTPLossAutoScaler") & accepts(
-    f"{MTP}:process_mtp_loss", "hidden_states", "labels", "loss_mask", "compute_language_model_loss"
+_HYBRID_FORWARD_WHEN = (
+    _PATCHED
+    & has(f"{MTP}:MTPLossAutoScaler")
+    & accepts(f"{MTP}:process_mtp_loss", "hidden_states", "labels", "loss_mask", "compute_language_model_loss")
 )
 
 HYBRID_FORWARD = Patch(
@@ -203,6 +236,7 @@ HYBRID_MTP_LOSS = Patch(
     process_mtp_loss_in_block,
     kind="wrap",
     when=not_needed_when(check(_hybrid_loss_not_needed, "MambaModel 0.17 has its own process_mtp_loss"))
+    & _PATCHED
     & has(f"{HYBRID}:process_mtp_loss"),
     doc="a model inside mtp_patched gets our MTP loss (its labels and mask, or RL mode); others upstream's",
     verified=HYBRID_MTP_LOSS_BODY,
@@ -238,19 +272,30 @@ MTP_INPUT_DETACHED = Patch(
 
 HYBRID_MTP_SET = PatchSet(
     "megatron-mtp-hybrid",
-    (HYBRID_FORWARD, HYBRID_MTP_LOSS, MAMBA_MTP_LOSS, CHECKPOINTED_FORWARD),
+    (
+        HEADS_ATTACHED,
+        RL_MODE_FORWARD,
+        RL_MODE_HYBRID_MTP_LOSS,
+        HYBRID_FORWARD,
+        HYBRID_MTP_LOSS,
+        MAMBA_MTP_LOSS,
+        CHECKPOINTED_FORWARD,
+    ),
     doc="MTP for PPO on HybridModel / MambaModel 0.17; trunk trained by MTP",
 )
 HYBRID_MTP_DETACH_SET = PatchSet(
     "megatron-mtp-hybrid-detached",
-    (HYBRID_FORWARD_DETACHED, HYBRID_MTP_LOSS, MAMBA_MTP_LOSS, MTP_INPUT_DETACHED, DETACH_EMBEDDINGS,
-     CHECKPOINTED_FORWARD),
+    (HEADS_DETACHED, RL_MODE_FORWARD, RL_MODE_HYBRID_MTP_LOSS, HYBRID_FORWARD_DETACHED, HYBRID_MTP_LOSS,
+     MAMBA_MTP_LOSS, MTP_INPUT_DETACHED, DETACH_EMBEDDINGS, CHECKPOINTED_FORWARD),
     doc="MTP for PPO on HybridModel / MambaModel 0.17; only MTP layers trained by the MTP loss",
 )  # fmt: skip
 
 _SETS = {(GPT_FAMILY, False): MTP_SET, (GPT_FAMILY, True): MTP_DETACH_SET}
 _SETS.update({(HYBRID_FAMILY, False): HYBRID_MTP_SET, (HYBRID_FAMILY, True): HYBRID_MTP_DETACH_SET})
-patchreg.essential(POSTPROCESS, POSTPROCESS_DETACHED, HYBRID_FORWARD, HYBRID_FORWARD_DETACHED)  # PATCHREG_DISABLE: refuse
+patchreg.essential(
+    POSTPROCESS, POSTPROCESS_DETACHED, HYBRID_FORWARD, HYBRID_FORWARD_DETACHED
+)  # PATCHREG_DISABLE: refuse
+patchreg.essential(HEADS_ATTACHED, HEADS_DETACHED, RL_MODE_FORWARD, RL_MODE_MTP_LOSS, RL_MODE_HYBRID_MTP_LOSS)
 
 
 #: bare model class -> its patch set, per detach_encoder (one dict each: a block looks up one)
@@ -273,7 +318,7 @@ class MTPReport:
     built by hand.
     """
 
-    __slots__ = ("_after", "_cls", "_losses", "_models", "active", "detach_encoder", "note", "report")
+    __slots__ = ("_after", "_cls", "_losses", "_models", "_route", "active", "detach_encoder", "note", "report")
 
     report: patchreg.Report  #: the engine's report of the block's apply
     detach_encoder: bool
@@ -318,10 +363,17 @@ class MTPReport:
                 self._losses = newest[1]
         return self._losses
 
+    @property
+    def last_route(self) -> str | None:
+        """How the newest MTP loss of the block's models was computed (0.19.2+: ``upstream does this natively
+        here`` or ``patched: <reason>``, per call); None on releases without the native route or before a step."""
+        return last_route(self._models, self._after) if self.active else self._route
+
     def _close(self) -> None:
         """The block ended: keep the losses of its last step, let go of the models."""
         if last_losses.count != self._after:  # a step ran since the block began
             self._losses = self.mtp_loss_tensors
+        self._route = last_route(self._models, self._after)
         self.active = False
         self._models = ()
 
@@ -334,9 +386,11 @@ class MTPReport:
         losses = ", ".join(f"depth {i + 1}: {loss:.4f}" for i, loss in enumerate(self.mtp_losses))
         lines = [head, str(self.report)]  # the engine's lines: each install, skip (why) and upstream body check
         lines += textwrap.wrap(f"note: {self.note}", _WIDTH, subsequent_indent="  ") if self.note else []
-        for line in fixup_lines():
+        for line in [*route_lines(self.report.entries, self.report.skipped), *fixup_lines()]:
             lines += textwrap.wrap(line, _WIDTH, subsequent_indent="  ")
-        return "\n".join([*lines, f"mtp losses (last step): {losses or 'none yet'}"])
+        route = f" ({self.last_route})" if self.last_route is not None else ""  # 0.19.2+: which way, per call
+        last = textwrap.wrap(f"mtp losses (last step): {losses or 'none yet'}{route}", _WIDTH, subsequent_indent="  ")
+        return "\n".join([*lines, *last])
 
     def __repr__(self) -> str:
         return f"<MTPReport detach_encoder={self.detach_encoder} {self.report!r} mtp_losses={self.mtp_losses}>"
@@ -430,6 +484,7 @@ class MTPBlock(patchreg.Patched[MTPReport]):
         made._models = models
         made._after = last_losses.count
         made._losses = ()
+        made._route = None
         made._cls = type(models[0])
         return made
 
@@ -443,7 +498,8 @@ class MTPBlock(patchreg.Patched[MTPReport]):
         other = not self.detach_encoder
         msg = (
             f"mtp_patched(detach_encoder={self.detach_encoder}) cannot be entered while "
-            f"mtp_patched(detach_encoder={other}) (or another replacement of _postprocess) is active on this "
+            f"mtp_patched(detach_encoder={other}) (or another patch of _postprocess or config.mtp_detach_heads) is "
+            "active on this "
             f"model; exit that block first or use one detach_encoder value. Engine: {exc}"
         )
         return MTPConflictError(msg, patch=exc.patch, target=exc.target)

@@ -271,3 +271,19 @@ def record_measurement(key: str, value: float) -> None:
     if path:
         with open(path, "a", encoding="utf-8") as out:
             out.write(json.dumps({"megatron-core": MCORE, "key": key, "value": value}) + "\n")
+
+
+@pytest.fixture
+def todays_route() -> Iterator[None]:
+    """mtp_patched takes today's patches for the test even where upstream's RL mode would carry it (0.19.2+)."""
+    import patchreg
+    from patches.megatron import _native
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_native, "_rl_mode_probe", lambda: (False, "the test takes today's patches"))
+        patchreg.refresh()
+        try:
+            yield
+        finally:
+            mp.undo()
+            patchreg.refresh()

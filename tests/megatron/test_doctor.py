@@ -9,6 +9,7 @@ import json
 import pytest
 from packaging.version import Version
 
+from patches.megatron._native import UPSTREAM, native
 from patchreg._cli import run
 
 pytest.importorskip("megatron.core", reason="megatron-core is not installed")
@@ -30,7 +31,13 @@ def test_doctor_answers_per_release() -> None:
     post = rows["megatron-mtp-detached.postprocess_detached"]
     emb = rows["megatron-mtp-detached.detach_embeddings"]
     ckpt = rows["megatron-mtp-detached.checkpointed_forward"]
-    assert post["install"] is True
+    if native():  # 0.19.2: upstream's RL mode carries it; the native route's patches install
+        assert (post["install"], post["needed"]) == (False, False) and UPSTREAM in str(post["reason"]), post
+        assert all(rows[f"megatron-mtp-detached.{n}"]["install"] for n in ("mtp_detach_heads", "rl_mode_forward"))
+        assert rows["megatron-mtp.postprocess"]["needed"] is False and emb["needed"] is False
+    else:
+        assert post["install"] is True
+        assert rows["megatron-mtp-detached.rl_mode_forward"]["install"] is False
     if mcore < Version("0.14"):
         assert status == 1
         assert (emb["install"], ckpt["install"]) == (False, False)
@@ -38,7 +45,7 @@ def test_doctor_answers_per_release() -> None:
         assert ckpt["needed"] is False and "no MTP recompute on this release" in str(ckpt["reason"])
         return
     assert status == 0
-    assert emb["install"] is True
+    assert emb["install"] is not native()
     if mcore >= Version("0.19"):
         assert (ckpt["install"], ckpt["needed"]) == (False, False)
         assert "fixed upstream" in str(ckpt["reason"])

@@ -25,6 +25,7 @@ from packaging.version import Version
 
 import patchreg
 from patches.megatron import UnsupportedModelError, cpu_patched, mtp_patched
+from patches.megatron._native import native
 from patches.megatron.mtp import HYBRID_MTP_DETACH_SET, HYBRID_MTP_SET, MTP_DETACH_SET, MTP_SET
 from patchreg import PatchSet
 from tests.megatron import conftest, hybrid_models
@@ -73,7 +74,9 @@ class Family:
     first_shape: tuple[int, ...]  #: what that chunk returns
 
     def patch(self, detach: bool) -> str:
-        """The name of the logits patch in the set for ``detach``."""
+        """The name of the logits patch in the set for ``detach`` (0.19.2+: the native route's forward, both modes)."""
+        if native():
+            return "rl_mode_forward"
         return f"{self.forward}_detached" if detach else self.forward
 
     def reference_grads(self, model: Any, batch: Any) -> tuple[Any, dict[str, Any]]:

@@ -1,0 +1,360 @@
+"""``mtp_patched`` on upstream's own RL mode (megatron-core 0.19.2+): no reimplementation of an upstream body.
+
+Where the release has both ``process_mtp_loss(..., input_ids=)`` (``labels=None`` derives the MTP labels from
+``input_ids``) and ``TransformerConfig.mtp_detach_heads`` (detaches the MTP block's input, its embeddings and
+the output head), the block installs three patches in place of today's replacements:
+
+- ``mtp_detach_heads`` / ``mtp_heads_attached``: ``config.mtp_detach_heads`` set to ``detach_encoder`` for the
+  block (a ``kind="value"`` patch on the model's own config object);
+- ``rl_mode_forward``: the model's ``forward`` (on the instance) calling upstream's forward with ``labels=None`` (it
+  returns logits ``[b, s, vocab/tp]``) and keeps the user's labels and label-aligned mask for the MTP loss; a
+  user ``output_processor`` (GPTModel) still gets the user's labels and mask;
+- ``rl_mode_mtp_loss`` (GPTModel) / ``rl_mode_hybrid_mtp_loss`` (HybridModel): a wrap of ``process_mtp_loss`` as
+  the model's module imported it. For a model in the block it translates the call onto upstream's RL mode
+  (``labels=None``, the mask shifted right one place so upstream's own roll gives the user's mask back) and
+  runs upstream's body, where that is exact: the labels are ``input_ids`` shifted left once under the mask, and
+  the mask is 0 at the last position (of each packed sequence). Otherwise that call takes today's patch path
+  (:func:`patches.megatron._loss.attach_mtp_loss` on upstream's MTP states) and the report says why. Any other
+  model's call goes to upstream untouched.
+
+The per-depth losses (``report.mtp_losses``) come from the same per-token losses upstream computes (its
+``compute_language_model_loss`` call is observed) under the same rolled masks, so both routes record them.
+"""
+
+from __future__ import annotations
+
+import threading
+import types
+import weakref
+from typing import Any
+
+from patches.megatron import _fixups
+from patches.megatron._compat import GPT, MTP, binder, mcore_version, parameters, upstream
+from patches.megatron._loss import RL_MODE, attach_mtp_loss, last_losses, process_groups, roll
+from patches.megatron._models import HYBRID
+from patches.megatron._postprocess import in_inference
+from patches.megatron._verified import GPT_MTP_LOSS_BODY, HYBRID_MTP_LOSS_BODY
+from patchreg import Patch, check, has, not_needed_when, on_refresh
+
+__all__ = [
+    "NATIVE",
+    "NATIVE_ROUTE",
+    "RL_MODE_FORWARD",
+    "RL_MODE_HYBRID_MTP_LOSS",
+    "RL_MODE_MTP_LOSS",
+    "HEADS_ATTACHED",
+    "HEADS_DETACHED",
+    "UPSTREAM",
+    "last_route",
+    "natively_covered",
+    "native",
+    "rl_mode_forward",
+    "rl_mode_mtp_loss",
+]
+
+UPSTREAM = "upstream does this natively here"
+_CONFIG = "megatron.core.transformer.transformer_config:TransformerConfig"
+_PROBE_IDS = (1, 2, 3, 4)  # the probe's input_ids; the depth-1 labels upstream's RL mode gives are 3, 4, 0, 0
+_PROBE_LABELS = (3, 4, 0, 0)
+
+
+def _rl_mode_probe() -> tuple[bool, str]:
+    """Whether upstream's ``process_mtp_loss`` derives the MTP labels from ``input_ids`` with ``labels=None`` and
+    detaches the output head under ``mtp_detach_heads`` (a one-depth call on four tokens, no model needed)."""
+    import torch
+
+    if not RL_MODE.evaluate().ok:
+        return False, "process_mtp_loss takes no input_ids: no labels=None RL mode on this release (0.19+)"
+    if not has(f"{_CONFIG}.mtp_detach_heads").evaluate().ok:
+        return False, "TransformerConfig has no mtp_detach_heads on this release (0.19.2+)"
+    try:
+        process = upstream(MTP, "process_mtp_loss")
+    except ImportError as exc:
+        return False, f"megatron-core cannot be imported ({exc})"
+    process = getattr(process, "__wrapped__", process)  # upstream's own, under any wrap
+    seen: dict[str, Any] = {}
+
+    def output_layer(hidden: Any, weight: Any = None, runtime_gather_output: Any = None) -> tuple[Any, None]:
+        seen["head"] = weight is not None and weight.requires_grad
+        return hidden, None
+
+    def loss(labels: Any, logits: Any) -> Any:
+        seen["labels"] = labels[0].tolist()
+        return torch.zeros(labels.shape)
+
+    config = types.SimpleNamespace(mtp_num_layers=1, mtp_detach_heads=True, calculate_per_token_loss=False,
+                                   mtp_loss_scaling_factor=0.1)  # fmt: skip
+    try:
+        process(hidden_states=torch.zeros(8, 1, 1), labels=None, loss_mask=None, output_layer=output_layer,
+                output_weight=torch.ones(1, requires_grad=True), runtime_gather_output=None, is_training=False,
+                compute_language_model_loss=loss, config=config, input_ids=torch.tensor([_PROBE_IDS]))  # fmt: skip
+    except Exception as exc:
+        return False, f"upstream's process_mtp_loss failed the RL-mode probe ({type(exc).__name__}: {exc})"
+    if seen.get("labels") != list(_PROBE_LABELS) or seen.get("head", True):
+        return False, f"upstream's RL mode did not behave as verified (probe saw {seen})"
+    return True, f"labels=None and mtp_detach_heads probed on megatron-core {mcore_version()}"
+
+
+def _probe() -> tuple[bool, str]:
+    return _rl_mode_probe()  # looked up at each evaluation (after patchreg.refresh(): a test can take today's route)
+
+
+NATIVE = check(_probe, "upstream's RL mode (labels=None) with mtp_detach_heads")
+
+
+def _covered() -> tuple[bool, str]:
+    answer = NATIVE.evaluate()
+    if answer.ok:
+        return True, f"{UPSTREAM} ({answer.reason})"
+    return False, f"patched: {answer.reason}"
+
+
+#: today's replacements are ``not_needed_when(natively_covered)``: skipped where the native route installs
+natively_covered = check(_covered, UPSTREAM)
+
+
+def _todays_patches() -> tuple[bool, str]:
+    answer = NATIVE.evaluate()
+    return not answer.ok, (
+        f"{UPSTREAM}: {answer.reason}" if answer.ok else f"patched: today's patches carry it ({answer.reason})"
+    )
+
+
+#: the native route's patches are ``not_needed_when(TODAYS)``: a release without the RL mode needs none of them
+#: (``doctor`` counts them as fine there, as today's replacements on 0.19.2)
+TODAYS = not_needed_when(check(_todays_patches, "upstream has no RL mode with mtp_detach_heads here"))
+_NATIVE: list[bool] = []
+
+
+def native() -> bool:
+    """Whether this release takes the native route (the probe's answer, read once until ``patchreg.refresh()``)."""
+    if not _NATIVE:
+        _NATIVE.append(NATIVE.evaluate().ok)
+    return _NATIVE[0]
+
+
+on_refresh(_NATIVE.clear)
+
+
+class _Call:
+    """One forward in progress inside a native block: the model and the user's labels and mask."""
+
+    __slots__ = ("labels", "loss_mask", "model")
+
+    def __init__(self, model: Any, labels: Any, loss_mask: Any) -> None:
+        self.model, self.labels, self.loss_mask = model, labels, loss_mask
+
+
+_calls = threading.local()  # .stack: the wrapped forwards running on this thread, innermost last
+#: model -> (the number of its last losses in ``last_losses``, how they were computed: UPSTREAM or "patched: ...")
+_routes: weakref.WeakKeyDictionary[Any, tuple[int, str]] = weakref.WeakKeyDictionary()
+
+
+def last_route(models: Any, after: int) -> str | None:
+    """How the newest MTP loss of any of ``models`` numbered after ``after`` was computed (None: none)."""
+    best: tuple[int, str] | None = None
+    for model in models:
+        found = _routes.get(model)
+        if found is not None and found[0] > after and (best is None or found[0] > best[0]):
+            best = found
+    return None if best is None else best[1]
+
+
+def rl_mode_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """Upstream's forward with ``labels=None`` (logits back); the user's labels and mask kept for the MTP loss.
+
+    Installed as a method on the model instance that calls the class's own ``forward`` (not a ``wrap``: a
+    ``wrapt`` proxy on an instance holds the bound method of that instance, so ``copy.deepcopy(model)`` inside
+    the block would fail, or a copy would call the original model)."""
+    model, wrapped = self, type(self).forward.__get__(self, type(self))
+    a = binder(type(model).forward).bind(model, args, kwargs)
+    if in_inference(model, a):
+        return wrapped(*args, **kwargs)
+    labels, mask = a["labels"], a.get("loss_mask")
+    call = {**a, "labels": None}
+    processor = a.get("output_processor")
+    if processor is not None:  # GPTModel 0.18+: the user's hook sees the user's labels and mask, as before
+        call["output_processor"] = _user_view(processor, labels, mask)
+    stack = getattr(_calls, "stack", None)
+    if stack is None:
+        stack = _calls.stack = []
+    stack.append(_Call(model, labels, mask))
+    fixups = _fixups.around_forward(a.get("packed_seq_params"))  # a padded pack: upstream's roll is fixed up
+    try:
+        if fixups is None:
+            return wrapped(**call)
+        with fixups:
+            return wrapped(**call)
+    finally:
+        stack.pop()
+
+
+def _user_view(processor: Any, labels: Any, mask: Any) -> Any:
+    def with_user_labels(**kwargs: Any) -> Any:
+        return processor(**{**kwargs, "labels": labels, "loss_mask": mask})
+
+    return with_user_labels
+
+
+def _call_of(model: Any) -> _Call | None:
+    for call in reversed(getattr(_calls, "stack", None) or ()):
+        if call.model is model:
+            return call
+    return None
+
+
+def rl_mode_mtp_loss(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A model in the block: upstream's RL mode where the translation is exact, else today's loss; others: upstream."""
+    if args:  # upstream passes every argument by keyword; bind any positional ones by name
+        kwargs = {**dict(zip(parameters(wrapped)[0], args, strict=False)), **kwargs}
+    model = getattr(kwargs.get("compute_language_model_loss"), "__self__", None)
+    call = _call_of(model) if model is not None else None
+    if call is None:
+        return wrapped(**kwargs)
+    ids = kwargs.get("input_ids")
+    if call.labels is None and ids is None:
+        return wrapped(**kwargs)  # nothing to derive labels from: no MTP loss, as upstream
+    cp_group, _tp = process_groups(model)
+    packed = kwargs.get("packed_seq_params")
+    mask_in, mask, reason = _translate(call, ids, cp_group, packed)
+    if reason is None:
+        hidden = _upstream_loss(wrapped, kwargs, model, mask_in, mask, cp_group, packed)
+        _routes[model] = (last_losses.count, UPSTREAM)
+        return hidden
+    a = {"labels": call.labels, "loss_mask": call.loss_mask, "input_ids": ids, "packed_seq_params": packed,
+         "runtime_gather_output": kwargs.get("runtime_gather_output")}  # fmt: skip
+    import torch
+
+    hidden, *states = torch.chunk(kwargs["hidden_states"], 1 + model.config.mtp_num_layers, dim=0)
+    detach = bool(getattr(model.config, "mtp_detach_heads", False))
+    hidden = attach_mtp_loss(model, hidden, states, a, kwargs.get("output_weight"), detach)
+    _routes[model] = (last_losses.count, f"patched: {reason}")
+    return hidden
+
+
+def _translate(call: _Call, ids: Any, cp_group: Any, packed: Any) -> tuple[Any, Any, str | None]:
+    """``(input-aligned mask for upstream, label-aligned mask, None)`` where upstream's RL mode gives the user's
+    loss exactly, else ``(None, None, why not)``. One host sync for a call with labels; none for ``labels=None``.
+    Under context parallelism the ranks agree on one answer (the mask shifted here on the local chunk is exact
+    only where the chunk boundaries are masked; elsewhere the call takes today's loss)."""
+    import torch
+
+    if call.labels is None:  # the user's own RL mode: the mask is input-aligned already
+        mask_in = call.loss_mask
+        label_mask, _ = roll(torch.ones_like(ids) if mask_in is None else mask_in, cp_group, packed)
+        return mask_in, label_mask, None
+    mask = call.loss_mask
+    if mask is None:
+        return None, None, "labels without a loss_mask train the last label, which upstream's RL mode masks"
+    if ids is None or call.labels.shape != ids.shape or mask.shape != ids.shape:
+        return None, None, "labels or loss_mask are not shaped as input_ids"
+    mask_in = torch.zeros_like(mask)
+    mask_in[..., 1:] = mask[..., :-1]  # upstream rolls it left once with the labels: the user's mask again
+    back, _ = roll(mask_in, cp_group, packed)
+    shifted, _ = roll(ids, cp_group, packed)
+    flags = torch.stack([(back != mask).any(), ((call.labels != shifted) & (mask != 0)).any()]).int()
+    if cp_group is not None and cp_group.size() > 1:  # one route on every CP rank: the two run different collectives
+        import torch.distributed as dist
+
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=cp_group)
+    bad = flags.tolist()
+    if bad[0]:
+        return None, None, "the loss mask is not 0 at the last position (of each packed sequence)"
+    if bad[1]:
+        return None, None, "the labels are not input_ids shifted left once under the loss mask"
+    return mask_in, mask, None
+
+
+def _upstream_loss(
+    wrapped: Any, kwargs: dict[str, Any], model: Any, mask_in: Any, mask: Any, cp_group: Any, packed: Any
+) -> Any:
+    """Upstream's ``process_mtp_loss`` in RL mode; the per-depth losses recorded from its own per-token losses."""
+    per_token: list[Any] = []
+    compute = kwargs["compute_language_model_loss"]
+
+    def observed(labels: Any, logits: Any) -> Any:
+        loss = compute(labels, logits)
+        per_token.append(loss)
+        return loss
+
+    hidden = wrapped(**{**kwargs, "labels": None, "loss_mask": mask_in, "compute_language_model_loss": observed})
+    losses = []
+    for loss in per_token:  # one per depth, in order: upstream's masked mean, as attach_mtp_loss records it
+        mask, num_tokens = roll(mask, cp_group, packed)
+        losses.append(((mask * loss).sum() / num_tokens.clamp(min=1)).detach())
+    last_losses.record(model, tuple(losses))
+    return hidden
+
+
+HEADS_DETACHED = Patch(
+    "mtp_detach_heads",
+    "config.mtp_detach_heads",
+    True,
+    kind="value",
+    when=TODAYS,
+    doc="upstream's mtp_detach_heads for the block: the MTP loss reaches neither embedding, decoder nor head",
+)
+
+HEADS_ATTACHED = Patch(
+    "mtp_heads_attached",
+    "config.mtp_detach_heads",
+    False,
+    kind="value",
+    when=TODAYS,
+    doc="mtp_detach_heads off for the block: the MTP loss trains the trunk too, as pretraining does",
+)
+
+RL_MODE_FORWARD = Patch(
+    "rl_mode_forward",
+    "forward",
+    rl_mode_forward,
+    when=TODAYS,
+    doc="upstream's forward with labels=None (logits back); the user's labels and mask kept for the MTP loss",
+)
+
+RL_MODE_MTP_LOSS = Patch(
+    "rl_mode_mtp_loss",
+    f"{GPT}:process_mtp_loss",
+    rl_mode_mtp_loss,
+    kind="wrap",
+    when=TODAYS & has(f"{GPT}:process_mtp_loss"),
+    doc="a model in the block: upstream's RL mode where exact (labels = input_ids shifted), else our loss",
+    verified=GPT_MTP_LOSS_BODY,
+)
+
+RL_MODE_HYBRID_MTP_LOSS = Patch(
+    "rl_mode_hybrid_mtp_loss",
+    f"{HYBRID}:process_mtp_loss",
+    rl_mode_mtp_loss,
+    kind="wrap",
+    when=TODAYS & has(f"{HYBRID}:process_mtp_loss"),
+    doc="as rl_mode_mtp_loss, for HybridModel",
+    verified=HYBRID_MTP_LOSS_BODY,
+)
+
+#: the native route's patches (the rest of a set, where this route is taken, is skipped as natively covered)
+NATIVE_ROUTE = frozenset(p.name for p in (HEADS_DETACHED, HEADS_ATTACHED, RL_MODE_FORWARD, RL_MODE_MTP_LOSS,
+                                           RL_MODE_HYBRID_MTP_LOSS))  # fmt: skip
+
+
+def route_lines(entries: Any, skipped: Any) -> list[str]:
+    """Which way each patch of a block's set went here, and why (for ``str(MTPReport)``): one line naming those
+    ``upstream does this natively here`` (the native route's own and today's replacements it covers; the reasons are
+    the engine's skip lines), one ``<name>: patched: <reason>`` line per patch that replaces an upstream body."""
+    answer = NATIVE.evaluate()
+    native_names, lines = [], []
+    for name in dict.fromkeys(entry.patch for entry in entries):
+        if name in NATIVE_ROUTE:
+            native_names.append(name)
+        else:
+            lines.append(f"{name}: patched: {_WHY.get(name, answer.reason)}")
+    taken = set(native_names) | {line.split(":")[0] for line in lines}
+    for name, reason in skipped:
+        covered = reason.startswith("not needed here: ") and "upstream" in reason  # natively, or fixed upstream
+        if name not in taken and name not in NATIVE_ROUTE and covered:
+            native_names.append(name)
+    head = [f"{UPSTREAM}: {', '.join(native_names)}"] if native_names else []
+    return head + lines
+
+
+_WHY: dict[str, str] = {"checkpointed_forward": "upstream's MTP recompute is broken on this release"}
