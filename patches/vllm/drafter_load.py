@@ -1,0 +1,149 @@
+"""The MTP drafter follows a target ``load_weights`` call, the way RL frameworks sync a rollout engine.
+
+RL frameworks (verl's worker extension, ``llm.apply_model``) write the rollout's weights with the
+target model's own ``load_weights``, bucket by bucket, not with ``Worker.reload_weights``. On vLLM
+0.32 that works on a loaded engine only inside vLLM's layerwise reload
+(``initialize_layerwise_reload(model)``, ``model.load_weights(...)``,
+``finalize_layerwise_reload(model, model_config)``): a bare second ``load_weights`` finds the processed
+weights freed (size 0) on MLA models everywhere and on every model on the CPU backend, whose linear
+layers keep only their packed copy. Either way the drafter is left out and keeps its old MTP layer.
+
+With :data:`patches.vllm.DRAFTER_SYNC` active, the target's ``load_weights`` (wrapped on the model
+classes of MTP targets, per release) keeps the drafter's tensors as the caller's stream passes
+through it (one read, never a second pass over the iterator). The drafter is reloaded in place with
+vLLM's own ``reload_weights`` from those tensors: after the target's ``finalize_layerwise_reload``
+when the call ran inside one (the drafter shares the target's embedding and LM head, which must be
+final first), else right after the call. The worker's ledger counts the sync, so
+``drafter_status(llm)`` reports it like a ``reload_weights`` sync; with only the channel set it counts
+the target's sync and lists the drafter's tensors it left stale. Nothing here imports vLLM or torch
+at module import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from collections.abc import Iterator
+from typing import Any, Final
+
+__all__ = ["MODEL_CLASSES", "finish_layerwise", "note_target", "reloading", "sync_target_load"]
+
+MODEL_CLASSES: Final = (
+    "vllm.model_executor.models.mimo:MiMoForCausalLM",
+    "vllm.model_executor.models.glm4_moe:Glm4MoeForCausalLM",
+    "vllm.model_executor.models.deepseek_v2:DeepseekV2ForCausalLM",
+)
+"""Target classes of MTP drafters whose ``load_weights`` is wrapped (DeepSeek-V2's covers V3's, an MLA model)."""
+
+LAYERWISE: Final = "vllm.model_executor.model_loader.reload.layerwise"
+
+_TARGETS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # target model -> weakref(worker)
+_PENDING: weakref.WeakKeyDictionary[Any, _Pending] = weakref.WeakKeyDictionary()  # target model -> its open sync
+_LOCK = threading.Lock()
+_LOCAL = threading.local()  # .depth > 0 inside Worker.reload_weights: that wrapper syncs the drafter itself
+
+
+class _Pending:
+    """A target sync inside a layerwise reload: the drafter's tensors kept so far, the target's names loaded."""
+
+    def __init__(self) -> None:
+        self.kept: list[tuple[str, Any]] = []
+        self.loaded: set[str] = set()
+
+
+@contextlib.contextmanager
+def reloading() -> Iterator[None]:
+    """Mark the thread as inside ``Worker.reload_weights`` (whose wrapper syncs the drafter): the wraps here pass."""
+    _LOCAL.depth = getattr(_LOCAL, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _LOCAL.depth -= 1
+
+
+def note_target(wrapped: Any, worker: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Wrap ``Worker.load_model``: remember which worker a target model belongs to (weakly)."""
+    result = wrapped(*args, **kwargs)
+    model = worker.get_model()
+    with _LOCK:
+        _TARGETS[model] = weakref.ref(worker)
+    return result
+
+
+def _worker_of(model: Any) -> Any:
+    with _LOCK:
+        ref = _TARGETS.get(model)
+    worker = ref() if ref is not None else None
+    if worker is None or getattr(_LOCAL, "depth", 0):
+        return None
+    from patches.vllm.drafter import _draft_of
+
+    return worker if _draft_of(worker) is not None else None
+
+
+def _in_layerwise(model: Any) -> bool:
+    """True while ``model`` is inside vLLM's layerwise reload (between initialize and finalize)."""
+    try:
+        from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
+    except ImportError:
+        return False
+    info = LAYERWISE_INFO.get(model)
+    return info is not None and info.can_load()
+
+
+def sync_target_load(wrapped: Any, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Wrap a target model's ``load_weights``: keep the drafter's tensors as the stream passes; sync it after."""
+    worker = _worker_of(model)
+    if worker is None:
+        return wrapped(*args, **kwargs)
+    from patches.vllm import drafter
+
+    keep = drafter._Keep(drafter._num_hidden_layers(worker), copy=True)  # a caller's buffers may be reused
+    if args:
+        args = (keep.through(args[0]), *args[1:])
+    else:
+        kwargs = {**kwargs, "weights": keep.through(kwargs["weights"])}
+    layerwise = _in_layerwise(model)
+    loaded = set(wrapped(*args, **kwargs) or ())
+    if layerwise:  # the drafter follows at the target's finalize_layerwise_reload
+        with _LOCK:
+            pending = _PENDING.setdefault(model, _Pending())
+            pending.kept.extend(keep.kept)
+            pending.loaded |= loaded
+        return loaded
+    pending = _Pending()
+    pending.kept, pending.loaded = keep.kept, loaded
+    _sync_drafter(worker, model, pending)
+    return loaded
+
+
+def finish_layerwise(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Wrap ``finalize_layerwise_processing``: after a target's, reload the drafter from the tensors kept."""
+    result = wrapped(*args, **kwargs)
+    model = args[0] if args else kwargs.get("model")
+    with _LOCK:
+        pending = _PENDING.pop(model, None) if model is not None else None
+    worker = _worker_of(model) if pending is not None else None
+    if worker is not None and pending is not None:
+        _sync_drafter(worker, model, pending)
+    return result
+
+
+def _sync_drafter(worker: Any, model: Any, pending: _Pending) -> None:
+    """Count the target's sync in the worker's ledger; with the drafter sync on, reload the drafter."""
+    from patches.vllm import drafter
+
+    draft = drafter._draft_of(worker)
+    ledger = drafter._ledger(worker)
+    keep = drafter._Keep(0, copy=False)
+    keep.kept = pending.kept
+    call = drafter._Call(None, None, True)
+    with ledger.lock:
+        ledger.target_syncs += 1
+        ledger.source = "target load_weights"
+        ledger.written = drafter._shared_written(model, draft, pending.loaded)
+        ledger.failed, ledger.error = None, ""
+        if drafter.SYNC_DRAFTER:
+            with reloading():
+                drafter._reload_drafter(worker, draft, call, keep, ledger)
