@@ -41,9 +41,11 @@ import attrs
 
 import patchreg
 from patches.vllm.drafter_load import (
+    DRAFT_CLASSES,
     LAYERWISE,
     MODEL_CLASSES,
     finish_layerwise,
+    note_drafter_load,
     note_target,
     reloading,
     sync_target_load,
@@ -520,6 +522,17 @@ _WORKER_METHODS = [
             doc=f"{where.rpartition(':')[2]}.load_weights: keep the drafter's tensors as they pass; sync it after.",
         )
         for where in MODEL_CLASSES
+    ),
+    *(
+        Patch(
+            f"vllm.{where.rpartition(':')[2]}.load-weights-noted",
+            f"{where}.load_weights",
+            note_drafter_load,
+            kind="wrap",
+            when=requires("vllm>=0.20") & has(f"{where}.load_weights"),
+            doc=f"{where.rpartition(':')[2]}.load_weights called by a framework: note the drafter tensors it wrote.",
+        )
+        for where in DRAFT_CLASSES
     ),
 ]
 

@@ -27,7 +27,15 @@ import weakref
 from collections.abc import Iterator
 from typing import Any, Final
 
-__all__ = ["MODEL_CLASSES", "finish_layerwise", "note_target", "reloading", "sync_target_load"]
+__all__ = [
+    "DRAFT_CLASSES",
+    "MODEL_CLASSES",
+    "finish_layerwise",
+    "note_drafter_load",
+    "note_target",
+    "reloading",
+    "sync_target_load",
+]
 
 MODEL_CLASSES: Final = (
     "vllm.model_executor.models.mimo:MiMoForCausalLM",
@@ -36,9 +44,17 @@ MODEL_CLASSES: Final = (
 )
 """Target classes of MTP drafters whose ``load_weights`` is wrapped (DeepSeek-V2's covers V3's, an MLA model)."""
 
+DRAFT_CLASSES: Final = (
+    "vllm.model_executor.models.mimo_mtp:MiMoMTP",
+    "vllm.model_executor.models.glm4_moe_mtp:Glm4MoeMTP",
+    "vllm.model_executor.models.deepseek_mtp:DeepSeekMTP",
+)
+"""Their drafters: a ``load_weights`` a framework calls on the drafter itself (verl does) is noted, not repeated."""
+
 LAYERWISE: Final = "vllm.model_executor.model_loader.reload.layerwise"
 
 _TARGETS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # target model -> weakref(worker)
+_DRAFTS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # drafter model -> weakref(worker)
 _PENDING: weakref.WeakKeyDictionary[Any, _Pending] = weakref.WeakKeyDictionary()  # target model -> its open sync
 _LOCK = threading.Lock()
 _LOCAL = threading.local()  # .depth > 0 inside Worker.reload_weights: that wrapper syncs the drafter itself
@@ -65,15 +81,19 @@ def reloading() -> Iterator[None]:
 def note_target(wrapped: Any, worker: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Wrap ``Worker.load_model``: remember which worker a target model belongs to (weakly)."""
     result = wrapped(*args, **kwargs)
-    model = worker.get_model()
+    from patches.vllm.drafter import _draft_of
+
+    model, draft = worker.get_model(), _draft_of(worker)
     with _LOCK:
         _TARGETS[model] = weakref.ref(worker)
+        if draft is not None:
+            _DRAFTS[draft] = weakref.ref(worker)
     return result
 
 
-def _worker_of(model: Any) -> Any:
+def _worker_of(model: Any, table: weakref.WeakKeyDictionary[Any, Any] = _TARGETS) -> Any:
     with _LOCK:
-        ref = _TARGETS.get(model)
+        ref = table.get(model)
     worker = ref() if ref is not None else None
     if worker is None or getattr(_LOCAL, "depth", 0):
         return None
@@ -105,10 +125,19 @@ def sync_target_load(wrapped: Any, model: Any, args: tuple[Any, ...], kwargs: di
     else:
         kwargs = {**kwargs, "weights": keep.through(kwargs["weights"])}
     layerwise = _in_layerwise(model)
+    with _LOCK:
+        first = not layerwise or model not in _PENDING
+        if layerwise and first:
+            _PENDING[model] = _Pending()
+    if first:  # a new sync: the drafter's tensors count as written only once this sync writes them
+        ledger = drafter._ledger(worker)
+        with ledger.lock:
+            ledger.written, ledger.failed = set(), "target"
+            ledger.error = "the target's load_weights sync did not finish"
     loaded = set(wrapped(*args, **kwargs) or ())
     if layerwise:  # the drafter follows at the target's finalize_layerwise_reload
         with _LOCK:
-            pending = _PENDING.setdefault(model, _Pending())
+            pending = _PENDING[model]
             pending.kept.extend(keep.kept)
             pending.loaded |= loaded
         return loaded
@@ -142,8 +171,23 @@ def _sync_drafter(worker: Any, model: Any, pending: _Pending) -> None:
     with ledger.lock:
         ledger.target_syncs += 1
         ledger.source = "target load_weights"
-        ledger.written = drafter._shared_written(model, draft, pending.loaded)
+        ledger.written |= drafter._shared_written(model, draft, pending.loaded)
         ledger.failed, ledger.error = None, ""
         if drafter.SYNC_DRAFTER:
             with reloading():
                 drafter._reload_drafter(worker, draft, call, keep, ledger)
+
+
+def note_drafter_load(wrapped: Any, draft: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Wrap an MTP drafter's ``load_weights`` called by a framework (verl syncs the drafter itself): note what it
+    wrote in the worker's ledger, so the status does not call those tensors stale."""
+    worker = _worker_of(draft, _DRAFTS)
+    loaded = wrapped(*args, **kwargs)
+    if worker is not None:
+        from patches.vllm import drafter
+
+        ledger = drafter._ledger(worker)
+        with ledger.lock:
+            ledger.written |= set(loaded or ())
+            ledger.drafter_syncs += 1
+    return loaded

@@ -114,6 +114,30 @@ class SyncFromFile:
             return f"{type(exc).__name__}: {exc}"
         return "ok"
 
+    def load_both_from_file(self, path: str) -> str:
+        """As verl's worker extension does: the same buckets into the target's and the drafter's ``load_weights``
+        (here inside vLLM's layerwise reload of each), the drafter synced by the framework itself."""
+        from itertools import islice
+
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
+        config = self.vllm_config  # type: ignore[attr-defined]
+        models = [self.get_model(), self.get_draft_model()]  # type: ignore[attr-defined]
+        stream = _stream(path)
+        try:
+            with set_current_vllm_config(config):
+                for model in models:
+                    initialize_layerwise_reload(model)
+                for bucket in (list(islice(stream, 8)), list(stream)):
+                    for model in models:
+                        model.load_weights(bucket)
+                for model in models:
+                    finalize_layerwise_reload(model, config.model_config)
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return "ok"
+
     def drafter_equals(self, path: str) -> dict[str, bool]:
         """The drafter's tensors compared with ``path``'s (plain data: no insecure serialization needed)."""
         return _drafter_equals(self, path)
@@ -197,6 +221,10 @@ async def _load_scenario(spec: dict[str, Any], engine: Any, rpc: Rpc, generate: 
         await _step(result, f"acceptance_load_{step}", acceptance())
         await _step(result, f"status_load_{step}", status())
         await _step(result, f"drafter_equals_{step}", rpc("drafter_equals", args=(known,)))
+    await _step(result, "sync_both_random", rpc("load_both_from_file", args=(random,)))
+    await _step(result, "sync_both_known", rpc("load_both_from_file", args=(known,)))
+    await _step(result, "acceptance_both_known", acceptance())
+    await _step(result, "status_both_known", status())
     return result
 
 

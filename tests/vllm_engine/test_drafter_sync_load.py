@@ -101,9 +101,9 @@ def test_the_known_checkpoint_accepts_by_range_from_the_start(runs: dict[str, An
 def test_load_weights_syncs_the_drafter(runs: dict[str, Any], name: str) -> None:
     """With the set, a target load_weights of known gives acceptance 1.0 / 0.0 / about 0.5, then again after random."""
     run = runs[name]
-    assert LOAD_PATCH in {p for p, _state in run["main_patches"]}
     assert _by_range(run["acceptance_load_known"]) and _by_range(run["acceptance_load_known2"])
     assert run["acceptance_load_random"]["full"] <= 0.1
+    assert LOAD_PATCH in {p for p, _state in run["main_patches"]}
 
 
 @pytest.mark.parametrize("name", WITH_SET)
@@ -140,3 +140,14 @@ def test_without_the_set_load_weights_leaves_the_drafter_stale(runs: dict[str, A
         assert "model.mtp_layers.1.input_proj.weight" in status["stale"] and "lm_head.weight" not in status["stale"]
     assert _one(run["status_load_known2"])["target_syncs"] == 3
     assert not _one(run["drafter_equals_known"])["model.mtp_layers.1.input_proj.weight"]
+
+
+@pytest.mark.parametrize("name", [*WITH_SET, *WITHOUT_SET])
+def test_a_framework_that_loads_the_drafter_itself_reads_in_sync(runs: dict[str, Any], name: str) -> None:
+    """verl's way (the same buckets into the drafter's load_weights too): acceptance by range and an in-sync
+    status, with the set (which then reloads the drafter once more) and with the channel set only."""
+    run = runs[name]
+    assert run["sync_both_random"] == ["ok"] and run["sync_both_known"] == ["ok"]
+    assert _by_range(run["acceptance_both_known"])
+    status = _one(run["status_both_known"])
+    assert status["in_sync"] and status["stale"] == [] and status["drafter_syncs"] >= 1, status
