@@ -93,7 +93,10 @@ def note_target(wrapped: Any, worker: Any, args: tuple[Any, ...], kwargs: dict[s
 
 def _worker_of(model: Any, table: weakref.WeakKeyDictionary[Any, Any] = _TARGETS) -> Any:
     with _LOCK:
-        ref = table.get(model)
+        try:
+            ref = table.get(model)
+        except TypeError:  # not weakly referable: no worker loaded it
+            return None
     worker = ref() if ref is not None else None
     if worker is None or getattr(_LOCAL, "depth", 0):
         return None
