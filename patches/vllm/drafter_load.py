@@ -122,21 +122,19 @@ def sync_target_load(wrapped: Any, model: Any, args: tuple[Any, ...], kwargs: di
         return wrapped(*args, **kwargs)
     from patches.vllm import drafter
 
-    keep = drafter._Keep(drafter._num_hidden_layers(worker), copy=True)  # a caller's buffers may be reused
+    layerwise = _in_layerwise(model)
+    # inside a layerwise reload the drafter loads at the finalize, after the caller may have reused its buffers
+    keep = drafter._Keep(drafter._num_hidden_layers(worker), copy=layerwise)
     if args:
         args = (keep.through(args[0]), *args[1:])
     else:
         kwargs = {**kwargs, "weights": keep.through(kwargs["weights"])}
-    layerwise = _in_layerwise(model)
     with _LOCK:
-        first = not layerwise or model not in _PENDING
-        if layerwise and first:
+        first = layerwise and model not in _PENDING
+        if first:
             _PENDING[model] = _Pending()
     if first:  # a new sync: the drafter's tensors count as written only once this sync writes them
-        ledger = drafter._ledger(worker)
-        with ledger.lock:
-            ledger.written, ledger.failed = set(), "target"
-            ledger.error = "the target's load_weights sync did not finish"
+        _start(worker)
     loaded = set(wrapped(*args, **kwargs) or ())
     if layerwise:  # the drafter follows at the target's finalize_layerwise_reload
         with _LOCK:
@@ -144,10 +142,33 @@ def sync_target_load(wrapped: Any, model: Any, args: tuple[Any, ...], kwargs: di
             pending.kept.extend(keep.kept)
             pending.loaded |= loaded
         return loaded
+    # a bare call is a sync of its own where it carried the drafter's tensors (a bucket without them is not)
     pending = _Pending()
     pending.kept, pending.loaded = keep.kept, loaded
-    _sync_drafter(worker, model, pending)
+    if keep.kept:  # it owes the drafter its own tensors; the ones shared with the target keep their state
+        _start(worker, keep_shared=model)
+        _sync_drafter(worker, model, pending)
+    else:
+        ledger = drafter._ledger(worker)
+        with ledger.lock:
+            ledger.written |= drafter._shared_written(model, drafter._draft_of(worker), loaded)
     return loaded
+
+
+def _start(worker: Any, keep_shared: Any = None) -> None:
+    """A sync starts: nothing of the drafter counts as written (``keep_shared``, the target model: but the
+    tensors it shares with the target, which this sync may not carry)."""
+    from patches.vllm import drafter
+
+    ledger = drafter._ledger(worker)
+    shared: set[str] = set()
+    if keep_shared is not None:
+        draft = drafter._draft_of(worker)
+        ids = {id(p) for _, p in keep_shared.named_parameters(remove_duplicate=False)}
+        shared = {n for n, p in draft.named_parameters() if id(p) in ids}
+    with ledger.lock:
+        ledger.written, ledger.failed = ledger.written & shared, "target"
+        ledger.error = "the target's load_weights sync did not finish"
 
 
 def finish_layerwise(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

