@@ -13,7 +13,8 @@ in every process vLLM starts: main, engine core, workers):
   drafter is reloaded in place from the same source with vLLM's own
   ``model_loader.reload.inplace.reload_weights``, from the drafter's tensors kept as the target's
   weight stream passed (from the path's loader or the caller's iterator): one read of the source,
-  never a second pass over an iterator.
+  never a second pass over an iterator. A sync by the target's own ``load_weights`` (as RL frameworks
+  write a rollout) is covered by :mod:`patches.vllm.drafter_load`, whose wraps this set holds too.
   vLLM's weight-transfer session (``start_weight_update``) writes one model per session: a
   session without ``start_draft_weight_update`` logs a warning naming it. Every worker also
   answers ``collective_rpc("patchreg_drafter_status")`` and ``collective_rpc("patchreg_fingerprint")``.
