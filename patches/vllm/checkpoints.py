@@ -25,7 +25,12 @@ head's per-token scales. The first draft token is therefore accepted exactly whe
   so with one speculative token the drafts are accepted and rejected in turn (about 0.5).
 
 A request whose prompt ends inside a range and whose generation stays inside it has that
-range's acceptance. Nothing heavy is imported at module import: torch, safetensors and
+range's acceptance.
+
+``arch="mimo"`` writes the same construction as a MiMo model (``MiMoForCausalLM``: Qwen2 layers, plain
+attention, not MLA; the MTP layer under ``model.mtp_layers.0.*``: ``token_layernorm``,
+``hidden_layernorm``, ``input_proj``, ``final_layernorm`` and one Qwen2 decoder layer), for the paths a
+non-MLA model opens (a target ``load_weights`` inside vLLM's layerwise reload). Nothing heavy is imported at module import: torch, safetensors and
 tokenizers are imported by the writer only.
 """
 
@@ -40,6 +45,8 @@ __all__ = [
     "KNOWN_RANGES",
     "VOCAB_SIZE",
     "greedy_chain",
+    "ARCHS",
+    "tiny_mimo_config",
     "tiny_mtp_config",
     "write_byte_tokenizer",
     "write_tiny_mtp_checkpoint",
@@ -58,6 +65,9 @@ KNOWN_RANGES: Final[dict[str, range]] = {
 """Byte ranges of the ``kind="known"`` checkpoint, by the acceptance of drafts made inside them."""
 
 _HIDDEN: Final = 320  # >= VOCAB_SIZE, for one-hot embeddings
+
+ARCHS: Final = ("deepseek_v3", "mimo")
+"""The architectures :func:`write_tiny_mtp_checkpoint` writes: DeepSeek-V3 (MLA) and MiMo (plain attention)."""
 
 
 def tiny_mtp_config(num_hidden_layers: int = 1) -> dict[str, Any]:
@@ -103,6 +113,34 @@ def tiny_mtp_config(num_hidden_layers: int = 1) -> dict[str, Any]:
     }
 
 
+def tiny_mimo_config(num_hidden_layers: int = 1) -> dict[str, Any]:
+    """The ``config.json`` of the tiny MiMo model with one MTP layer (Qwen2 layers; ``model_type: qwen2``, so
+    no remote code: vLLM picks MiMo and its ``MiMoMTP`` drafter by the architecture's name)."""
+    return {
+        "architectures": ["MiMoForCausalLM"],
+        "model_type": "qwen2",
+        "vocab_size": VOCAB_SIZE,
+        "hidden_size": _HIDDEN,
+        "intermediate_size": 64,
+        "num_hidden_layers": num_hidden_layers,
+        "num_nextn_predict_layers": 1,
+        "num_attention_heads": 5,  # head_dim 64
+        "num_key_value_heads": 1,
+        "hidden_act": "silu",
+        "max_position_embeddings": 512,
+        "max_window_layers": num_hidden_layers,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "rope_scaling": None,
+        "tie_word_embeddings": False,
+        "bos_token_id": None,
+        "eos_token_id": VOCAB_SIZE - 1,
+        "torch_dtype": "bfloat16",
+    }
+
+
 def greedy_chain(prompt_token_ids: list[int], max_tokens: int) -> list[int]:
     """The ``kind="known"`` target's greedy continuation: each token is the previous one plus 1 (mod vocab)."""
     last, out = prompt_token_ids[-1], []
@@ -112,21 +150,31 @@ def greedy_chain(prompt_token_ids: list[int], max_tokens: int) -> list[int]:
     return out
 
 
-def write_tiny_mtp_checkpoint(path: str | Path, kind: str = "known", *, seed: int = 0) -> Path:
-    """Write the tiny checkpoint (``kind`` ``"known"`` or ``"random"``, see the module doc) to ``path``."""
+def write_tiny_mtp_checkpoint(
+    path: str | Path, kind: str = "known", *, seed: int = 0, arch: str = "deepseek_v3"
+) -> Path:
+    """Write the tiny checkpoint (``kind`` ``"known"`` or ``"random"``; ``arch`` one of :data:`ARCHS`, see the
+    module doc) to ``path``."""
     if kind not in ("known", "random"):
         msg = f"write_tiny_mtp_checkpoint(kind=...) must be 'known' or 'random', got {kind!r}."
+        raise ValueError(msg)
+    if arch not in ARCHS:
+        msg = f"write_tiny_mtp_checkpoint(arch=...) must be one of {ARCHS}, got {arch!r}."
         raise ValueError(msg)
     import torch
     from safetensors.torch import save_file
 
     root = Path(path)
     root.mkdir(parents=True, exist_ok=True)
-    config = tiny_mtp_config()
     generator = torch.Generator().manual_seed(seed)
-    weights = _random_weights(config, generator)
+    if arch == "mimo":
+        config = tiny_mimo_config()
+        weights = _mimo_weights(config, generator)
+    else:
+        config = tiny_mtp_config()
+        weights = _random_weights(config, generator)
     if kind == "known":
-        _make_known(weights, config)
+        _make_known(weights, config, arch)
     save_file({k: v.to(torch.bfloat16).contiguous() for k, v in weights.items()}, str(root / "model.safetensors"))
     (root / "config.json").write_text(json.dumps(config, indent=1))
     _write_tokenizer(root)
@@ -185,6 +233,54 @@ def _layer(prefix: str, config: dict[str, Any], rand: Any) -> dict[str, Any]:
     }
 
 
+def _mimo_weights(config: dict[str, Any], generator: Any) -> dict[str, Any]:
+    """Random MiMo weights: Qwen2 decoder layers (q/k/v with bias) and the MTP layer under ``model.mtp_layers.0.``."""
+    import torch
+
+    hidden, vocab, inter = config["hidden_size"], config["vocab_size"], config["intermediate_size"]
+    head = hidden // config["num_attention_heads"]
+    kv = head * config["num_key_value_heads"]
+
+    def rand(*shape: int) -> Any:
+        return torch.randn(*shape, generator=generator) * 0.02
+
+    def layer(prefix: str) -> dict[str, Any]:
+        attn, mlp = prefix + "self_attn.", prefix + "mlp."
+        return {
+            prefix + "input_layernorm.weight": torch.ones(hidden),
+            prefix + "post_attention_layernorm.weight": torch.ones(hidden),
+            attn + "q_proj.weight": rand(hidden, hidden),
+            attn + "q_proj.bias": rand(hidden),
+            attn + "k_proj.weight": rand(kv, hidden),
+            attn + "k_proj.bias": rand(kv),
+            attn + "v_proj.weight": rand(kv, hidden),
+            attn + "v_proj.bias": rand(kv),
+            attn + "o_proj.weight": rand(hidden, hidden),
+            mlp + "gate_proj.weight": rand(inter, hidden),
+            mlp + "up_proj.weight": rand(inter, hidden),
+            mlp + "down_proj.weight": rand(hidden, inter),
+        }
+
+    weights = {
+        "model.embed_tokens.weight": rand(vocab, hidden),
+        "model.norm.weight": torch.ones(hidden),
+        "lm_head.weight": rand(vocab, hidden),
+    }
+    for i in range(config["num_hidden_layers"]):
+        weights.update(layer(f"model.layers.{i}."))
+    mtp = "model.mtp_layers.0."
+    weights.update(layer(mtp))
+    weights.update(
+        {
+            mtp + "token_layernorm.weight": torch.ones(hidden),
+            mtp + "hidden_layernorm.weight": torch.ones(hidden),
+            mtp + "input_proj.weight": rand(hidden, 2 * hidden),
+            mtp + "final_layernorm.weight": torch.ones(hidden),
+        }
+    )
+    return weights
+
+
 def _scales() -> list[float]:
     """The LM head's per-token scale ``s[t]`` (see the module doc); ratios of 1.1 or more stay exact in bf16."""
     s = [1.0 + (t % 3) for t in KNOWN_RANGES["partial"]]
@@ -193,7 +289,7 @@ def _scales() -> list[float]:
     return [*s, 1.0]  # <|eos|>
 
 
-def _make_known(weights: dict[str, Any], config: dict[str, Any]) -> None:
+def _make_known(weights: dict[str, Any], config: dict[str, Any], arch: str = "deepseek_v3") -> None:
     """Turn random weights into the known-acceptance model: silent layers, one-hot embeddings, a +1 LM head."""
     import torch
 
@@ -207,6 +303,15 @@ def _make_known(weights: dict[str, Any], config: dict[str, Any]) -> None:
     for t, scale in enumerate(_scales()):
         head[(t + 1) % vocab, t] = scale
     eye = torch.eye(hidden)
+    if arch == "mimo":  # the drafter shares the target's embedding and LM head; input_proj sees [hidden | next]
+        weights.update(
+            {
+                "model.embed_tokens.weight": embed,
+                "lm_head.weight": head,
+                "model.mtp_layers.0.input_proj.weight": torch.cat([eye, eye], dim=1),
+            }
+        )
+        return
     mtp = f"model.layers.{config['num_hidden_layers']}."
     weights.update(
         {

@@ -13,7 +13,8 @@ in every process vLLM starts: main, engine core, workers):
   drafter is reloaded in place from the same source with vLLM's own
   ``model_loader.reload.inplace.reload_weights``, from the drafter's tensors kept as the target's
   weight stream passed (from the path's loader or the caller's iterator): one read of the source,
-  never a second pass over an iterator.
+  never a second pass over an iterator. A sync by the target's own ``load_weights`` (as RL frameworks
+  write a rollout) is covered by :mod:`patches.vllm.drafter_load`, whose wraps this set holds too.
   vLLM's weight-transfer session (``start_weight_update``) writes one model per session: a
   session without ``start_draft_weight_update`` logs a warning naming it. Every worker also
   answers ``collective_rpc("patchreg_drafter_status")`` and ``collective_rpc("patchreg_fingerprint")``.
@@ -40,6 +41,16 @@ from typing import Any, Final
 import attrs
 
 import patchreg
+from patches.vllm.drafter_load import (
+    DRAFT_CLASSES,
+    LAYERWISE,
+    MODEL_CLASSES,
+    finish_layerwise,
+    note_drafter_load,
+    note_target,
+    reloading,
+    sync_target_load,
+)
 from patchreg import Patch, PatchError, PatchSet, check, has, not_needed_when, requires
 
 __all__ = [
@@ -240,7 +251,7 @@ def sync_reload(wrapped: Any, worker: Any, args: tuple[Any, ...], kwargs: dict[s
         "weights_path": call.path,
         "is_checkpoint_format": call.checkpoint_format,
     }
-    with ledger.lock:
+    with ledger.lock, reloading():
         ledger.written, ledger.failed, ledger.error = set(), "target", "the target's reload did not finish"
         ledger.source = "iterator" if call.iterator is not None else f"path {call.path or '(the current model)'}"
         result: list[Any] = []
@@ -447,6 +458,12 @@ def _native_drafter_sync() -> tuple[bool, str]:
 _HAS_RELOAD: Final = (
     requires("vllm>=0.20") & has(f"{_WORKER}.reload_weights") & has(f"{_WORKER}.get_draft_model") & has(_INPLACE)
 )
+_NATIVE: Final = not_needed_when(check(_native_drafter_sync, "vLLM's reload_weights writes the drafter"))
+# The wraps of the layerwise reload and of the model classes install when vLLM imports those modules (lazily,
+# maybe while vllm.model_executor.model_loader is half imported): their predicates read their own module only.
+# Worker.load_model's wrap is the switch: without it no target is known and they pass every call through.
+_HAS_LOAD: Final = _HAS_RELOAD & has(f"{_WORKER}.load_model")
+_LAYERWISE: Final = requires("vllm>=0.20") & has(f"{LAYERWISE}:finalize_layerwise_processing")
 _WORKER_METHODS = [
     Patch(
         "vllm.worker.patchreg-fingerprint",
@@ -477,8 +494,46 @@ _WORKER_METHODS = [
         f"{_WORKER}.reload_weights",
         sync_reload,
         kind="wrap",
-        when=_HAS_RELOAD & not_needed_when(check(_native_drafter_sync, "vLLM's reload_weights writes the drafter")),
+        when=_HAS_RELOAD & _NATIVE,
         doc="Worker.reload_weights: note the sync; with the drafter sync on, reload the MTP drafter too.",
+    ),
+    Patch(
+        "vllm.worker.load-model-notes-target",
+        f"{_WORKER}.load_model",
+        note_target,
+        kind="wrap",
+        when=_HAS_LOAD & _NATIVE,
+        doc="Worker.load_model: remember the worker of the target model (for its load_weights wraps).",
+    ),
+    Patch(
+        "vllm.layerwise-reload.finalize-syncs-drafter",
+        f"{LAYERWISE}:finalize_layerwise_processing",
+        finish_layerwise,
+        kind="wrap",
+        when=_LAYERWISE,
+        doc="After a target's layerwise reload: note the sync; with the drafter sync on, reload the drafter.",
+    ),
+    *(
+        Patch(
+            f"vllm.{where.rpartition(':')[2]}.load-weights-syncs-drafter",
+            f"{where}.load_weights",
+            sync_target_load,
+            kind="wrap",
+            when=requires("vllm>=0.20") & has(f"{where}.load_weights"),
+            doc=f"{where.rpartition(':')[2]}.load_weights: keep the drafter's tensors as they pass; sync it after.",
+        )
+        for where in MODEL_CLASSES
+    ),
+    *(
+        Patch(
+            f"vllm.{where.rpartition(':')[2]}.load-weights-noted",
+            f"{where}.load_weights",
+            note_drafter_load,
+            kind="wrap",
+            when=requires("vllm>=0.20") & has(f"{where}.load_weights"),
+            doc=f"{where.rpartition(':')[2]}.load_weights called by a framework: note the drafter tensors it wrote.",
+        )
+        for where in DRAFT_CLASSES
     ),
 ]
 

@@ -57,3 +57,35 @@ def test_drafter_status_needs_an_engine() -> None:
     """drafter_status() of something without collective_rpc is a TypeError naming what it takes."""
     with pytest.raises(TypeError, match=r"vllm\.LLM or AsyncLLM"):
         drafter_status(object())
+
+
+def test_the_load_weights_wraps_install_on_the_mtp_classes_and_revert(vllm: Any) -> None:
+    """DRAFTER_SYNC wraps the MTP targets' and drafters' load_weights and the layerwise finalize; revert restores them."""
+    from vllm.model_executor.model_loader.reload import layerwise
+    from vllm.model_executor.models.mimo import MiMoForCausalLM
+    from vllm.model_executor.models.mimo_mtp import MiMoMTP
+
+    before = (MiMoForCausalLM.__dict__["load_weights"], MiMoMTP.__dict__["load_weights"], layerwise.__dict__)
+    finalize = layerwise.finalize_layerwise_processing
+    with patchreg.patched(DRAFTER_SYNC):
+        assert MiMoForCausalLM.__dict__["load_weights"] is not before[0]
+        assert MiMoMTP.__dict__["load_weights"] is not before[1]
+        assert layerwise.finalize_layerwise_processing is not finalize
+        names = {e.patch for e in patchreg.registry.active()}
+        assert {"vllm.MiMoForCausalLM.load-weights-syncs-drafter", "vllm.MiMoMTP.load-weights-noted"} <= names
+    assert (MiMoForCausalLM.__dict__["load_weights"], MiMoMTP.__dict__["load_weights"]) == before[:2]
+    assert layerwise.finalize_layerwise_processing is finalize
+
+
+def test_a_load_weights_outside_a_known_worker_passes_through(vllm: Any) -> None:
+    """The target wrap leaves a model no worker loaded alone: it calls load_weights once with the caller's stream."""
+    from patches.vllm.drafter_load import sync_target_load
+
+    seen: list[Any] = []
+    stream = iter([("a", 1)])
+
+    def load_weights(weights: Any) -> set[str]:
+        seen.append(weights)
+        return {"a"}
+
+    assert sync_target_load(load_weights, object(), (stream,), {}) == {"a"} and seen == [stream]

@@ -54,3 +54,12 @@ def fresh_missing_warning() -> Iterator[None]:
     mtp._reset_missing_warning()
     yield
     mtp._reset_missing_warning()
+
+
+@pytest.fixture(scope="session")
+def mimo_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The tiny MiMo MTP checkpoints (plain attention, not MLA), written once per session: ``known``, ``random``."""
+    from patches.vllm.checkpoints import write_tiny_mtp_checkpoint
+
+    root = tmp_path_factory.mktemp("tiny-mimo")
+    return {kind: write_tiny_mtp_checkpoint(root / kind, kind, arch="mimo") for kind in ("known", "random")}

