@@ -10,7 +10,7 @@ from collections.abc import Iterable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from patchreg._disable import REASON as DISABLED
-from patchreg._namespace import ABSENT, environ_problem, label, stored_value
+from patchreg._namespace import ABSENT, environ_problem, label, same, stored_value
 from patchreg._targets import class_attr
 from patchreg.exceptions import (
     PatchConflictError,
@@ -130,6 +130,25 @@ def check_compatible(patch: Patch, stack: Stack, other: Patch | None = None, whe
         "revert one of them first, or make one a kind='wrap' patch (wraps stack)."
     )
     raise PatchConflictError(msg, patch=patch, target=patch.target)
+
+
+def stored_another(patch: Patch, stack: Stack, stored: Any, original: Any) -> UnpatchableTargetError:
+    """The refusal of an install whose write stored ``stored`` instead of the replacement (a custom ``__setattr__``
+    or ``__setitem__``), put back since (``original``)."""
+    kind = stack.kind
+    how = "a custom __setitem__" if kind == "item" else "a custom __setattr__"
+    back = stack.current()
+    after = (
+        "Nothing was changed"
+        if same(kind, back, original)
+        else f"It now holds {back!r}, which putting back the original {original!r} stored; check it"
+    )
+    msg = (
+        f"Cannot patch {stack.where} (patch {patch.name!r}): setting it stored {stored!r} instead "
+        f"of the replacement ({how}), so patchreg could not tell its install from someone "
+        f"else's or restore exactly. {after}; patch the code that uses it instead."
+    )
+    return UnpatchableTargetError(msg, patch=patch, target=patch.target)
 
 
 def name_patch(exc: PatchError, patch: Patch) -> None:

@@ -170,6 +170,8 @@ class WeakOriginal:
     @staticmethod
     def of(original: Any) -> Any:
         """``original`` held weakly where it can be, else itself."""
+        if not type(original).__weakrefoffset__:  # (asked first: a refused weak reference raises, which is dear)
+            return original
         kept = WeakOriginal()
         try:
             kept.ref = Ref(original)
@@ -183,6 +185,8 @@ GONE = object()  # a weakly held original that died (what kept it alive was remo
 
 def weak_or_id(installed: Any) -> Any:
     """How an instance layer holds what it installed: a weak reference, or else its identity."""
+    if not type(installed).__weakrefoffset__:  # (asked first: a refused weak reference raises, which is dear)
+        return identity(installed)
     try:
         return Ref(installed)
     except TypeError:

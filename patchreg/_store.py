@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import operator
 import time
 import types
 import weakref
@@ -20,7 +21,7 @@ from typing import Any
 
 import wrapt
 
-from patchreg._checks import check_compatible, check_release, to_release
+from patchreg._checks import check_compatible, check_release, stored_another, to_release
 from patchreg._namespace import ABSENT, build, holder_kind, put_back, same, write
 from patchreg._records import Patch
 from patchreg._stacks import (
@@ -48,6 +49,7 @@ from patchreg._stacks import (
     top_owner,
     weak_or_id,
 )
+from patchreg._targets import identity
 from patchreg.exceptions import PatchOwnershipError, UnpatchableTargetError
 
 __all__ = [
@@ -60,11 +62,10 @@ __all__ = [
 
 log = logging.getLogger("patchreg")
 _DEBUG = logging.DEBUG
-
-
 SEQUENCE = itertools.count()  # install order across registries (a patch's backup stacks by it)
 
 _MethodType = types.MethodType
+_SEQ = operator.attrgetter("seq")
 _stores: set[Any] = STORES.data  # type: ignore[attr-defined]  # under the WeakSet: len() in C (counts a dead one)
 _FunctionWrapper = wrapt.FunctionWrapper
 _Ref = weakref.ReferenceType
@@ -204,10 +205,19 @@ class Store:
             if self.dead:
                 self.purge()
             now = _time()
+            shared = 0
             for mode, stack, cls, view, raw, attr, value, patch, layers_on in plan.fast:
                 holder = stack.ref()
-                if layers_on or view.get(attr, ABSENT) is not raw:  # shared with an outer block, or covered; or
-                    break  # the class's attribute (a module's or class's own) changed: stale
+                if layers_on:  # a module's or class's install of this patch by an outer block (another model's):
+                    top = layers_on[-1]  # one user more of it, as the general way counts; else the general way
+                    if mode != GLOBAL or len(layers_on) != 1 or top.patch is not patch or top.count < 1:
+                        break
+                    top.count += 1
+                    layers.append(top)
+                    shared += 1
+                    continue
+                if view.get(attr, ABSENT) is not raw:  # the class's attribute (a module's or class's own) changed
+                    break
                 if mode == GLOBAL:  # the object built at the first install, over the original it displaced then
                     if holder is None or (len(_stores) > 1 and top_owner(stack.key, holder, raw, self) is not None):
                         break  # (another registry installed that very object: ours must wait for it, the general way)
@@ -226,7 +236,7 @@ class Store:
                         if original is not ABSENT and len(_stores) > 1 and top_owner(stack.key, holder, original, self):
                             break
                         installed = ns[attr] = value
-                        held = weak_or_id(installed)
+                        held = _Ref(installed) if type(installed).__weakrefoffset__ else identity(installed)
                         if original is not ABSENT and (
                             installed is original or getattr(installed, "__wrapped__", None) is original
                         ):
@@ -252,7 +262,7 @@ class Store:
                 layers_on.append(layer)
                 layers.append(layer)
             else:
-                ledger.new_installs = len(layers)
+                ledger.new_installs = len(layers) - shared
                 ledger.clean = True
                 self.last = plan
             if not ledger.clean:  # put back the clean installs made so far (exactly): the caller goes the general way
@@ -318,19 +328,7 @@ class Store:
             put_back(kind, holder, attr, original, raw=True)
             stack.layers.pop()  # never kept: nothing of this install may stay registered
             ledger.layers.pop()
-            how = "a custom __setitem__" if kind == "item" else "a custom __setattr__"
-            back = stack.current()
-            after = (
-                "Nothing was changed"
-                if same(kind, back, original)
-                else f"It now holds {back!r}, which putting back the original {original!r} stored; check it"
-            )
-            msg = (
-                f"Cannot patch {stack.where} (patch {patch.name!r}): setting it stored {stored!r} instead "
-                f"of the replacement ({how}), so patchreg could not tell its install from someone "
-                f"else's or restore exactly. {after}; patch the code that uses it instead."
-            )
-            raise UnpatchableTargetError(msg, patch=patch, target=patch.target)
+            raise stored_another(patch, stack, stored, original)
         if below is not None:  # the other registry's layer is covered: its revert must wait for ours
             depend(below[1], below[2], layer)
         if wrapped is not None:  # the wrap calls that layer's install: its revert must wait for ours
@@ -354,15 +352,14 @@ class Store:
     # -- releasing users ---------------------------------------------------------------------
 
     def release(self, ledger: Report) -> int:
-        """Drop one user per layer of ``ledger`` (last taken first); all or nothing; how many restored.
-
-        In one pass for a clean report (:meth:`take_planned`'s) whose every layer is still alone on its attribute
-        with one user and holds what it installed there; else the general way, for every case.
-        """
+        """Drop one user per layer of ``ledger`` (last taken first); all or nothing; how many restored. In one pass
+        for a clean report (:meth:`take_planned`'s) whose layers are as installed; else the general way."""
         if ledger.clean and not ledger.unwound and not ledger.released and LOG_LEVELS.get(_DEBUG) is False:
             taken = ledger.layers
             for layer in taken:  # all checked before any is put back (all or nothing)
                 stack = layer.stack
+                if layer.count > 1 and stack.kind != "instance":  # shared with an outer block: a user less
+                    continue
                 if layer.count != 1 or stack.dependents is not None or len(stack.layers) != 1:
                     break  # one is not as installed: the general way says what to do
                 installed, holder = layer.installed, stack.ref()
@@ -371,38 +368,45 @@ class Store:
                 if stack.kind != "instance":  # a module's or class's: held strongly
                     if vars(holder).get(stack.attr, ABSENT) is not installed:
                         break
-                elif type(installed) is _Ref:  # held weakly (what it installed, or a wrap of it, keeps the holder)
-                    mine = installed()
-                    if mine is None or holder.__dict__.get(stack.attr, ABSENT) is not mine:
+                else:  # an instance's: held weakly (it, or a wrap of it, may keep the holder), or by identity
+                    current = holder.__dict__.get(stack.attr, ABSENT)
+                    if type(installed) is _Ref:
+                        mine = installed()
+                        if mine is None or current is not mine:
+                            break
+                    elif identity(current) != installed:
                         break
-                    if type(layer.original) is WeakOriginal and layer.displaced() is GONE:
-                        break
-                elif not layer.owns(stack.current()):  # by identity (no weak reference to it)
-                    break
+                    if type(layer.original) is WeakOriginal and layer.original.ref() is None:
+                        break  # (its original died with what kept it: the general way says so)
             else:
                 n = i = len(taken)
+                kept = 0  # shared layers: nothing restored
                 while i:  # last taken first; an index, no iterator to allocate
                     i -= 1
                     layer = taken[i]
                     stack = layer.stack
                     holder = stack.ref()
-                    if holder is not None:  # (collected since the check: gone with it)
-                        original = layer.original
-                        if original is ABSENT:  # an instance's attribute it did not have
-                            holder.__dict__.pop(stack.attr, None)
-                        elif stack.kind == "instance":
-                            holder.__dict__[stack.attr] = layer.displaced()
-                        elif stack.kind == "module":
-                            holder.__dict__[stack.attr] = original
-                        else:
-                            _setattr(holder, stack.attr, original)
-                    stack.layers.pop()
-                    layer.count = 0
-                    if layer.original is not ABSENT:
-                        layer.original = None  # as uninstall: a released layer keeps no original alive
+                    if layer.count > 1:  # shared with an outer block: a user less
+                        layer.count -= 1
+                        kept += 1
+                    else:
+                        if holder is not None:  # (collected since the check: gone with it)
+                            original = layer.original
+                            if original is ABSENT:  # an instance's attribute it did not have
+                                holder.__dict__.pop(stack.attr, None)
+                            elif stack.kind == "instance":
+                                holder.__dict__[stack.attr] = layer.displaced()  # (not GONE: checked)
+                            elif stack.kind == "module":
+                                holder.__dict__[stack.attr] = original
+                            else:
+                                _setattr(holder, stack.attr, original)
+                        stack.layers.pop()
+                        layer.count = 0
+                        if layer.original is not ABSENT:
+                            layer.original = None  # as uninstall: a released layer keeps no original alive
                     ledger.unwound = n - i  # a retry after an interrupt releases only the rest
                 ledger.released = True
-                return n
+                return n - kept
         return self._release(ledger)
 
     def _release(self, ledger: Report) -> int:
@@ -454,7 +458,7 @@ class Store:
     def release_everything(self) -> int:
         """Restore every original this registry displaced (top layers first); all or nothing; how many."""
         self.purge()
-        layers = sorted(self.live_layers(), key=_seq, reverse=True)  # a wrap goes before the layer it wraps
+        layers = sorted(self.live_layers(), key=_SEQ, reverse=True)  # a wrap goes before the layer it wraps
         check_release([la for la in layers for _ in range(la.count)])
         cancel(self, self.pending)
         for layer in layers:
@@ -552,10 +556,6 @@ class Store:
                         ledgers[:] = [r for r in ledgers if not r.released]
                     ledgers.append(ledger)
             self.checkpoints[:] = live
-
-
-def _seq(layer: Layer) -> int:
-    return layer.seq
 
 
 def uninstall(layer: Layer, debug: bool = False) -> None:

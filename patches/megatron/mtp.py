@@ -371,9 +371,9 @@ class MTPReport:
 
     def _close(self) -> None:
         """The block ended: keep the losses of its last step, let go of the models."""
-        if last_losses.count != self._after:  # a step ran since the block began
+        if last_losses.count != self._after:  # a step ran since the block began (its route is numbered after it)
             self._losses = self.mtp_loss_tensors
-        self._route = last_route(self._models, self._after)
+            self._route = last_route(self._models, self._after)
         self.active = False
         self._models = ()
 

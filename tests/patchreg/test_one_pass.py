@@ -194,3 +194,21 @@ def test_another_registrys_value_refuses_a_warm_block_and_leaves_nothing(module:
         pass
     assert registry.active() == () and module.loss is _loss and "forward" not in vars(model.head)
     other.revert(below)
+
+
+def test_a_block_nested_in_another_models_block_shares_the_module_install(module: types.ModuleType) -> None:
+    """A warm block inside another model's block of the same set shares the module-level install (one user more, in
+    one pass), leaves it installed for the outer block at its exit, and the outer block's exit puts the original
+    back."""
+    registry, patch_set = Registry("t"), _set(module)
+    inner_model, outer_model = _Model(), _Model()
+    _warm(registry, patch_set, inner_model)
+    with registry.patched(patch_set, outer_model) as outer:
+        for _ in range(3):
+            with registry.patched(patch_set, inner_model) as inner:
+                assert inner.clean and inner.installed == 2  # the module and class installs are shared
+                assert module.loss(1) == 20 and inner_model.head.forward() == "wrapped upstream"
+            assert inner.released and module.loss(1) == 20  # still the outer block's
+            (shared,) = [e for e in outer.entries if e.patch == "loss"]
+            assert shared.count == 1
+    assert module.loss is _loss and vars(module.Klass)["run"] is _Klass.run and registry.active() == ()
