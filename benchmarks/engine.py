@@ -52,7 +52,7 @@ def per_target(
     return rows, max(medians) / min(medians), flat
 
 
-def tree_scaling(settings: Settings) -> tuple[list[tuple[str, ...]], float]:
+def tree_scaling(settings: Settings) -> tuple[list[tuple[str, ...]], float, float]:
     """Apply + revert of one selector patch on nn.Module trees of 1 to 512 leaves."""
     registry = Registry("bench-scaling")
     cycles: dict[int, tuple[Callable[[], object], int]] = {}
@@ -63,9 +63,9 @@ def tree_scaling(settings: Settings) -> tuple[list[tuple[str, ...]], float]:
             registry.revert(registry.apply(SCALE_SET, tree))
 
         cycles[n] = (op, n)
-    rows, spread, _flat = per_target("nn.Module tree, one selector patch", cycles, settings)
+    rows, spread, flat = per_target("nn.Module tree, one selector patch", cycles, settings)
     assert not registry.active(), "the scaling benchmark left patches installed"
-    return rows, spread
+    return rows, spread, flat
 
 
 # -- 3. call overhead -------------------------------------------------------------------
