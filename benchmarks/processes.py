@@ -42,7 +42,7 @@ def _child(role: str, *args: str, env: dict[str, str] | None = None, timeout: in
 def processes(settings: Settings) -> Section:
     """Section 8."""
     section = Section(
-        7, "Patches in every process: bootstrap, PATCHREG_DISABLE, assert_consistent", ("measure", "figure")
+        8, "Patches in every process: bootstrap, PATCHREG_DISABLE, assert_consistent", ("measure", "figure")
     )
     runs = 3 if settings.quick else 15
     starts = [_child("start") for _ in range(runs)]
