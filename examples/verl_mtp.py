@@ -78,13 +78,18 @@ def engine_class() -> Any:
 
 
 def show(label: str, gpt: Any) -> None:
-    """What the chunk's _postprocess is and what its MTP layers' _get_embeddings are."""
-    own = "_postprocess" in vars(gpt)
-    post = vars(gpt)["_postprocess"] if own else type(gpt)._postprocess
+    """What the chunk's _postprocess and forward are, its config's mtp_detach_heads (megatron-core 0.19.2 rides
+    upstream's RL mode there instead of replacing _postprocess), and what its MTP layers' _get_embeddings are."""
+    for attr in ("_postprocess", "forward"):
+        own = attr in vars(gpt)
+        found = vars(gpt)[attr] if own else getattr(type(gpt), attr)
+        name = getattr(getattr(found, "__func__", found), "__qualname__", found)
+        print(f"{label:<7} {attr}: {name} ({'instance' if own else 'class'});")
     layers = [("_get_embeddings" in vars(layer)) for layer in gpt.mtp.layers]
     verls = [k for k in vars(gpt) if k.endswith("_backup")]
-    print(f"{label:<7} _postprocess: {getattr(post, '__qualname__', post)} ({'instance' if own else 'class'});")
-    print(f"        MTP layers with their own _get_embeddings: {sum(layers)}/{len(layers)}; verl backups: {verls}")
+    heads = getattr(gpt.config, "mtp_detach_heads", "absent")
+    print(f"        MTP layers with their own _get_embeddings: {sum(layers)}/{len(layers)}; verl backups: {verls}; ")
+    print(f"        config.mtp_detach_heads: {heads}")
 
 
 def main() -> int:

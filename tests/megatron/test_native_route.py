@@ -220,8 +220,11 @@ def test_on_todays_route_the_report_says_why_each_patch_is_patched() -> None:
     model = build_gpt(mtp_num_layers=1)
     with mtp_patched(model, detach_encoder=True) as report:
         text = " ".join(line.strip() for line in str(report).splitlines())
+        installed = {entry.patch for entry in report.entries}
     assert "postprocess_detached: patched: the test takes today's patches" in text, text
-    assert "detach_embeddings: patched: " in text and "rl_mode_forward" not in text.split("fix-up")[1], text
+    assert "rl_mode_forward" not in text.split("fix-up")[1], text
+    if "detach_embeddings" in installed:  # (0.13 has no _get_embeddings: the postprocess patch detaches them)
+        assert "detach_embeddings: patched: " in text, text
 
 
 def test_mtp_parameters_keep_their_grad_norm_group_under_the_block() -> None:

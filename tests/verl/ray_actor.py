@@ -28,6 +28,7 @@ class Trainer:
 
         import patchreg
         from patches.megatron import mtp_patched
+        from patches.megatron._native import native  # 0.19.2: upstream's RL mode, no _postprocess install
         from tests.megatron.conftest import build_gpt, make_batch
 
         with socket.socket() as sock:
@@ -43,7 +44,7 @@ class Trainer:
             "pid": os.getpid(),
             "held_at_init": self.held_at_init,
             "disable": os.environ.get("PATCHREG_DISABLE", ""),
-            "active": patchreg.registry.is_active("postprocess", model),
+            "active": patchreg.registry.is_active("rl_mode_forward" if native() else "postprocess", model),
             "installed": report.installed,
             "shape": list(logits.shape),
         }

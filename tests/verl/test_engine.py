@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from patches.megatron._native import native
 from tests.verl.conftest import build_model, make_engine, needs_verl, tiny_engine_class
 
 pytestmark = needs_verl
@@ -32,8 +33,11 @@ def test_engine_holds_our_set_and_never_verls(cpu: Any, verl_mtp: Any) -> None:
     record = engine_report(engine)
     assert record is not None and not record.released and record.detach_encoder
     assert record.report.name == "megatron-mtp-detached" and record.installed >= 2
-    assert patchreg.registry.is_active("postprocess_detached", gpt)
-    assert patchreg.registry.is_active("detach_embeddings", _mtp_layers(gpt)[0])
+    if native():  # 0.19.2: upstream's RL mode, no replacement of an upstream body
+        assert patchreg.registry.is_active("rl_mode_forward", gpt) and gpt.config.mtp_detach_heads is True
+    else:
+        assert patchreg.registry.is_active("postprocess_detached", gpt)
+        assert patchreg.registry.is_active("detach_embeddings", _mtp_layers(gpt)[0])
     assert "_postprocess_backup" not in vars(gpt)  # verl's patch_postprocess leaves this behind
     assert all("_get_embeddings_backup" not in vars(layer) for layer in _mtp_layers(gpt))
     assert "megatron-mtp-detached" in str(record) and "held" in str(record)
@@ -114,7 +118,8 @@ def test_called_outside_an_engine_ties_the_install_to_the_first_chunk(cpu: Any) 
     gpt = build_model()
     config = type("ModelConfig", (), {"mtp": MtpConfig(enable=True, detach_encoder=True)})()
     record = patch_engine_mtp([gpt], config)
-    assert engine_report(gpt) is record and patchreg.registry.is_active("postprocess_detached", gpt)
+    held = "rl_mode_forward" if native() else "postprocess_detached"  # 0.19.2: upstream's RL mode
+    assert engine_report(gpt) is record and patchreg.registry.is_active(held, gpt)
     ref = weakref.ref(gpt)
     del gpt
     gc.collect()

@@ -31,7 +31,12 @@ def test_example_shows_the_chunk_before_inside_and_after() -> None:
     out = proc.stdout
     assert "verl's call site sees patch_engine_mtp from patches.verl.engine" in out
     assert "before  _postprocess: GPTModel._postprocess (class);" in out
-    assert "inside  _postprocess: postprocess_detached (instance);" in out
+    from patches.megatron._native import native
+
+    if native():  # 0.19.2: upstream's RL mode (the flag and a forward that calls the class's own)
+        assert "inside  forward: rl_mode_forward (instance);" in out and "config.mtp_detach_heads: True" in out
+    else:
+        assert "inside  _postprocess: postprocess_detached (instance);" in out
     assert "patch set 'megatron-mtp-detached' (detach_encoder=True) on 1 chunk(s), held" in out
     assert "model freed True; its installs released True" in out
     assert "MTP installs left in patchreg.registry: 0" in out
