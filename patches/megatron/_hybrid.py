@@ -17,6 +17,7 @@ Three pieces, installed together by the hybrid patch sets:
 from __future__ import annotations
 
 import threading
+import types
 from typing import Any
 
 from patches.megatron import _fixups
@@ -24,10 +25,18 @@ from patches.megatron._compat import binder, parameters
 from patches.megatron._loss import attach_mtp_loss, rl_mode
 from patches.megatron._postprocess import in_inference
 
-__all__ = ["hybrid_forward", "hybrid_forward_detached", "mtp_block_forward_detached", "process_mtp_loss_in_block"]
+__all__ = [
+    "Call",
+    "call_in_block",
+    "hybrid_forward",
+    "hybrid_forward_detached",
+    "mtp_block_forward_detached",
+    "process_mtp_loss_in_block",
+    "run_in_block",
+]
 
 
-class _Call:
+class Call:
     """One patched forward in progress: the model and what its MTP loss needs from the caller."""
 
     __slots__ = ("detach", "labels", "loss_mask", "model")
@@ -54,37 +63,48 @@ def _forward(self: Any, args: tuple[Any, ...], kwargs: dict[str, Any], detach: b
     a = binder(forward).bind(self, args, kwargs)
     if in_inference(self, a):
         return forward(self, *args, **kwargs)
+    call = Call(self, a["labels"], a.get("loss_mask"), detach)
+    return run_in_block(call, types.MethodType(forward, self), {**a, "labels": None})
+
+
+def run_in_block(call: Call, forward: Any, arguments: dict[str, Any]) -> Any:
+    """``forward(**arguments)`` with ``call`` on this thread's stack (where the MTP loss wrap finds the user's labels
+    and mask) and, for a padded pack, upstream's roll fixed up. Shared by the native route (patches.megatron._native)."""
     stack = getattr(_calls, "stack", None)
     if stack is None:
         stack = _calls.stack = []
-    stack.append(_Call(self, a["labels"], a.get("loss_mask"), detach))
-    fixups = _fixups.around_forward(a.get("packed_seq_params"))  # a padded pack: upstream's roll is fixed up
+    stack.append(call)
+    fixups = _fixups.around_forward(arguments.get("packed_seq_params"))  # a padded pack: upstream's roll fixed up
     try:
         if fixups is None:
-            return forward(self, **{**a, "labels": None})
+            return forward(**arguments)
         with fixups:
-            return forward(self, **{**a, "labels": None})
+            return forward(**arguments)
     finally:
         stack.pop()
 
 
-def _call_of(model: Any) -> _Call | None:
-    for call in reversed(getattr(_calls, "stack", None) or ()):
-        if call.model is model:
-            return call
-    return None
+def call_in_block(wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[dict[str, Any], Call | None]:
+    """A ``process_mtp_loss`` call's arguments by name, and the call in progress of the model whose loss it computes
+    (None: that model is not inside a block, its loss is upstream's)."""
+    if args:  # upstream passes every argument by keyword; bind any positional ones by name
+        kwargs = {**dict(zip(parameters(wrapped)[0], args, strict=False)), **kwargs}
+    model = getattr(kwargs.get("compute_language_model_loss"), "__self__", None)
+    if model is not None:
+        for call in reversed(getattr(_calls, "stack", None) or ()):
+            if call.model is model:
+                return kwargs, call
+    return kwargs, None
 
 
 def process_mtp_loss_in_block(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """The MTP loss of a model inside ``mtp_patched`` (the user's labels and mask); upstream's for any other."""
     import torch
 
-    if args:  # upstream passes every argument by keyword; bind any positional ones by name
-        kwargs = {**dict(zip(parameters(wrapped)[0], args, strict=False)), **kwargs}
-    model = getattr(kwargs.get("compute_language_model_loss"), "__self__", None)
-    call = _call_of(model) if model is not None else None
+    kwargs, call = call_in_block(wrapped, args, kwargs)
     if call is None:
         return wrapped(**kwargs)
+    model = call.model
     a = {
         "labels": call.labels,
         "loss_mask": call.loss_mask,

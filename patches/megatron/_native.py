@@ -23,13 +23,12 @@ The per-depth losses (``report.mtp_losses``) come from the same per-token losses
 
 from __future__ import annotations
 
-import threading
 import types
 import weakref
 from typing import Any
 
-from patches.megatron import _fixups
-from patches.megatron._compat import GPT, MTP, binder, mcore_version, parameters, upstream
+from patches.megatron._compat import GPT, MTP, binder, mcore_version, upstream
+from patches.megatron._hybrid import Call, call_in_block, run_in_block
 from patches.megatron._loss import RL_MODE, attach_mtp_loss, last_losses, process_groups, roll
 from patches.megatron._models import HYBRID
 from patches.megatron._postprocess import in_inference
@@ -136,16 +135,6 @@ def native() -> bool:
 on_refresh(_NATIVE.clear)
 
 
-class _Call:
-    """One forward in progress inside a native block: the model and the user's labels and mask."""
-
-    __slots__ = ("labels", "loss_mask", "model")
-
-    def __init__(self, model: Any, labels: Any, loss_mask: Any) -> None:
-        self.model, self.labels, self.loss_mask = model, labels, loss_mask
-
-
-_calls = threading.local()  # .stack: the wrapped forwards running on this thread, innermost last
 #: model -> (the number of its last losses in ``last_losses``, how they were computed: UPSTREAM or "patched: ...")
 _routes: weakref.WeakKeyDictionary[Any, tuple[int, str]] = weakref.WeakKeyDictionary()
 
@@ -175,18 +164,7 @@ def rl_mode_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
     processor = a.get("output_processor")
     if processor is not None:  # GPTModel 0.18+: the user's hook sees the user's labels and mask, as before
         call["output_processor"] = _user_view(processor, labels, mask)
-    stack = getattr(_calls, "stack", None)
-    if stack is None:
-        stack = _calls.stack = []
-    stack.append(_Call(model, labels, mask))
-    fixups = _fixups.around_forward(a.get("packed_seq_params"))  # a padded pack: upstream's roll is fixed up
-    try:
-        if fixups is None:
-            return wrapped(**call)
-        with fixups:
-            return wrapped(**call)
-    finally:
-        stack.pop()
+    return run_in_block(Call(model, labels, mask, False), wrapped, call)  # (the loss reads the flag, not detach)
 
 
 def _user_view(processor: Any, labels: Any, mask: Any) -> Any:
@@ -196,22 +174,12 @@ def _user_view(processor: Any, labels: Any, mask: Any) -> Any:
     return with_user_labels
 
 
-def _call_of(model: Any) -> _Call | None:
-    for call in reversed(getattr(_calls, "stack", None) or ()):
-        if call.model is model:
-            return call
-    return None
-
-
 def rl_mode_mtp_loss(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """A model in the block: upstream's RL mode where the translation is exact, else today's loss; others: upstream."""
-    if args:  # upstream passes every argument by keyword; bind any positional ones by name
-        kwargs = {**dict(zip(parameters(wrapped)[0], args, strict=False)), **kwargs}
-    model = getattr(kwargs.get("compute_language_model_loss"), "__self__", None)
-    call = _call_of(model) if model is not None else None
+    kwargs, call = call_in_block(wrapped, args, kwargs)
     if call is None:
         return wrapped(**kwargs)
-    ids = kwargs.get("input_ids")
+    model, ids = call.model, kwargs.get("input_ids")
     if call.labels is None and ids is None:
         return wrapped(**kwargs)  # nothing to derive labels from: no MTP loss, as upstream
     cp_group, _tp = process_groups(model)
@@ -232,7 +200,7 @@ def rl_mode_mtp_loss(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs:
     return hidden
 
 
-def _translate(call: _Call, ids: Any, cp_group: Any, packed: Any) -> tuple[Any, Any, str | None]:
+def _translate(call: Call, ids: Any, cp_group: Any, packed: Any) -> tuple[Any, Any, str | None]:
     """``(input-aligned mask for upstream, label-aligned mask, None)`` where upstream's RL mode gives the user's
     loss exactly, else ``(None, None, why not)``. One host sync for a call with labels; none for ``labels=None``.
     Under context parallelism the ranks agree on one answer (the mask shifted here on the local chunk is exact
