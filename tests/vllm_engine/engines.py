@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -106,3 +109,30 @@ def ours_as_to_dict(stats: Any) -> dict[str, Any]:
         "acceptance_histogram": stats.acceptance_histogram,
         "num_sequences": stats.num_sequences,
     }
+
+
+def run_sync(name: str, root: Path, spec: dict[str, Any], sets: str | None, mp: str) -> dict[str, Any]:
+    """One ``tests.vllm_engine.sync_run`` scenario in a fresh process: ``spec`` (its ``out`` set here) under
+    ``PATCHREG_PATCHSETS=sets`` (unset for None) and ``VLLM_ENABLE_V1_MULTIPROCESSING=mp``; the result it wrote,
+    checked written and not crashed (the log beside it in ``root``)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PATCHREG_PATCHSETS", "VLLM_ALLOW_INSECURE_SERIALIZATION")}
+    env.update({"VLLM_ENABLE_V1_MULTIPROCESSING": mp, "PYTHONPATH": str(REPO)})
+    if sets is not None:
+        env["PATCHREG_PATCHSETS"] = sets
+    out = root / f"{name}.json"
+    (root / f"{name}.spec.json").write_text(json.dumps({**spec, "out": str(out)}))
+    with open(root / f"{name}.log", "w") as log:
+        done = subprocess.run(
+            [sys.executable, "-m", "tests.vllm_engine.sync_run", str(root / f"{name}.spec.json")],
+            env=env,
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            timeout=1200,
+            check=False,
+        )
+    assert out.exists(), f"{name}: the runner wrote nothing (exit {done.returncode}); see {root / (name + '.log')}"
+    result: dict[str, Any] = json.loads(out.read_text())
+    assert "crashed" not in result, f"{name}: {result.get('crashed')}"
+    return result

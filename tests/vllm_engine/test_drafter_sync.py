@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.vllm_engine.engines import REPO
+from tests.vllm_engine.engines import REPO, run_sync
 
 # The module's engines start in its first test's setup: about 4 minutes on a quiet 2-core machine, much more
 # on a shared one; pytest-timeout's default (600 s per test) would cut that setup short.
@@ -44,35 +44,14 @@ WITHOUT_SET = ["mp-unset", "inproc-channel"]
 
 def _run(name: str, root: Path, checkpoints: dict[str, Path]) -> dict[str, Any]:
     engine, sets, mp = SCENARIOS[name]
-    env = {k: v for k, v in os.environ.items() if k not in ("PATCHREG_PATCHSETS", "VLLM_ALLOW_INSECURE_SERIALIZATION")}
-    env.update({"VLLM_ENABLE_V1_MULTIPROCESSING": mp, "PYTHONPATH": str(REPO)})
-    if sets is not None:
-        env["PATCHREG_PATCHSETS"] = sets
     spec = {
         "engine": engine,
         "known": str(checkpoints["known"]),
         "random": str(checkpoints["random"]),
-        "out": str(root / f"{name}.json"),
         "more": True,
         "compare_tensors": mp == "0",  # a callable over collective_rpc: in-process only (no insecure serialization)
     }
-    (root / f"{name}.spec.json").write_text(json.dumps(spec))
-    with open(root / f"{name}.log", "w") as log:
-        done = subprocess.run(
-            [sys.executable, "-m", "tests.vllm_engine.sync_run", str(root / f"{name}.spec.json")],
-            env=env,
-            cwd=REPO,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            timeout=1200,
-            check=False,
-        )
-    out = root / f"{name}.json"
-    assert out.exists(), f"{name}: the runner wrote nothing (exit {done.returncode}); see {root / (name + '.log')}"
-    result: dict[str, Any] = json.loads(out.read_text())
-    assert "crashed" not in result, f"{name}: {result.get('crashed')}"
-    return result
+    return run_sync(name, root, spec, sets, mp)
 
 
 @pytest.fixture(scope="module")

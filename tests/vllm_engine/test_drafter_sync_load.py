@@ -10,17 +10,13 @@ the set; five engines, two at a time, once for the module.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.vllm_engine.engines import REPO
+from tests.vllm_engine.engines import run_sync
 
 pytestmark = pytest.mark.timeout(2400)
 
@@ -43,32 +39,13 @@ WITHOUT_SET = ["mp-channel", "inproc-channel"]
 
 def _run(name: str, root: Path, checkpoints: dict[str, Path]) -> dict[str, Any]:
     sets, mp, engine = SCENARIOS[name]
-    env = {k: v for k, v in os.environ.items() if k not in ("PATCHREG_PATCHSETS", "VLLM_ALLOW_INSECURE_SERIALIZATION")}
-    env.update({"VLLM_ENABLE_V1_MULTIPROCESSING": mp, "PYTHONPATH": str(REPO), "PATCHREG_PATCHSETS": sets})
     spec = {
         "engine": engine,
         "path": "load_weights",
         "known": str(checkpoints["known"]),
         "random": str(checkpoints["random"]),
-        "out": str(root / f"{name}.json"),
     }
-    (root / f"{name}.spec.json").write_text(json.dumps(spec))
-    with open(root / f"{name}.log", "w") as log:
-        done = subprocess.run(
-            [sys.executable, "-m", "tests.vllm_engine.sync_run", str(root / f"{name}.spec.json")],
-            env=env,
-            cwd=REPO,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            timeout=1200,
-            check=False,
-        )
-    out = root / f"{name}.json"
-    assert out.exists(), f"{name}: the runner wrote nothing (exit {done.returncode}); see {root / (name + '.log')}"
-    result: dict[str, Any] = json.loads(out.read_text())
-    assert "crashed" not in result, f"{name}: {result.get('crashed')}"
-    return result
+    return run_sync(name, root, spec, sets, mp)
 
 
 @pytest.fixture(scope="module")
