@@ -66,13 +66,18 @@ def build(mtp_layers: int = 1, *, seed: int = 0) -> Any:
 
 
 def batch(seed: int = 0) -> dict[str, torch.Tensor]:
-    """Token ids, positions, a causal mask (True = masked), labels and a loss mask for one step."""
+    """Token ids, positions, a causal mask (True = masked), labels and a loss mask for one step.
+
+    As an RL actor builds them (verl's Megatron actor: ``label_mask[:, -1] = False``): the labels are the ids
+    shifted left once, and the last position, whose label the shift wraps around from the first token, is masked."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
+    mask = torch.ones(BATCH, SEQ)
+    mask[:, -1] = 0
     return {
         "input_ids": ids,
         "position_ids": torch.arange(SEQ).expand(BATCH, SEQ),
         "attention_mask": torch.triu(torch.ones(SEQ, SEQ, dtype=torch.bool), diagonal=1)[None, None],
         "labels": torch.roll(ids, -1, dims=1),
-        "loss_mask": torch.ones(BATCH, SEQ),
+        "loss_mask": mask,
     }

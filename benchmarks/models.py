@@ -181,6 +181,9 @@ def _worker(*args: str) -> dict[str, Any]:
     return result
 
 
+NO_ROUTE = "today's patches (this release has no native route)"
+
+
 def training_step(settings: Settings) -> Section:
     """Section 5: forward + backward inside mtp_patched vs with verl's patches; then peak RSS per side."""
     from benchmarks import _step
@@ -213,6 +216,9 @@ def training_step(settings: Settings) -> Section:
         _step.verl_applied(verl, control_model),
         mtp.mtp_patched(once_model, detach_encoder=True),
     ):
+        with mtp.mtp_patched(ours_model, detach_encoder=True) as report:
+            _step.forward_backward(ours_model, batch)
+            route = getattr(report, "last_route", None)
         variants = {
             ours_name: looped(_step.ours_step(ours_model, batch)),
             once_name: looped(_step.verl_step(once_model, batch)),
@@ -282,6 +288,10 @@ def training_step(settings: Settings) -> Section:
         f"A/A control: verl patched once on a second model, timed as a side of its own; its ratio to the first "
         f"({control:.3f}x in this run) is how far two identical sides land apart here, so a ratio within that "
         "distance of its bound is not decided by one run.",
+        "The batch is an RL actor's (verl's Megatron actor): the labels are the ids shifted left once and the loss "
+        "mask is 0 at the last position, whose label the shift wraps around. Our block's MTP loss took this route "
+        f"here: {route or NO_ROUTE} (`report.last_route`; on megatron-core 0.19.2 upstream's "
+        "RL mode, after a per-forward check that the translation is exact).",
         "Not quite equal work: with `detach_encoder=True` our MTP logits use a detached output-layer weight (the "
         "MTP loss does not train the output layer, the same on every release), while verl's 0.17+ path passes "
         "the live weight; our backward skips one weight-gradient product per MTP depth (vocabulary 64 here, so "

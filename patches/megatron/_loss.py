@@ -30,13 +30,45 @@ _RENORMALISED: list[bool] = []
 __all__ = [
     "PER_TOKEN_RENORMALISED",
     "RL_MODE",
+    "Deferred",
     "LastLosses",
     "attach_mtp_loss",
     "last_losses",
     "process_groups",
+    "resolved",
     "rl_mode",
     "roll",
 ]
+
+
+class Deferred:
+    """Per-depth MTP losses computed when first read, from a step's per-token losses (held detached) and its
+    label-aligned mask (held as a copy, so a reused batch buffer cannot change them): the masked means
+    :func:`attach_mtp_loss` records, with the same ops, so the same numbers. Only where the roll needs no
+    collective and no patched state (no context parallelism, no packing): a step whose losses nobody reads
+    pays two tensor ops for them instead of nine per depth."""
+
+    __slots__ = ("_mask", "_per_token", "_value")
+
+    def __init__(self, per_token: Sequence[Any], mask: Any) -> None:
+        self._per_token: Sequence[Any] | None = [loss.detach() for loss in per_token]
+        self._mask = mask.clone()
+        self._value: tuple[Any, ...] | None = None
+
+    def value(self) -> tuple[Any, ...]:
+        """The losses (detached tensors), computed at the first call."""
+        if self._value is None:
+            mask, losses = self._mask, []
+            for loss in self._per_token or ():
+                mask, num_tokens = roll(mask, None, None)
+                losses.append((mask * loss).sum() / num_tokens.clamp(min=1))
+            self._value, self._per_token, self._mask = tuple(losses), None, None
+        return self._value
+
+
+def resolved(losses: tuple[Any, ...] | Deferred) -> tuple[Any, ...]:
+    """``losses`` as a tuple of tensors (a :class:`Deferred` computed now)."""
+    return losses if isinstance(losses, tuple) else losses.value()
 
 
 class LastLosses:
@@ -51,16 +83,17 @@ class LastLosses:
     def __init__(self) -> None:
         self._numbers = itertools.count(1)
         self.count = 0  # the number of the newest entry (0: none yet)
-        self._by_model: dict[int, tuple[weakref.ref[Any], int, tuple[Any, ...]]] = {}
+        self._by_model: dict[int, tuple[weakref.ref[Any], int, tuple[Any, ...] | Deferred]] = {}
 
-    def record(self, model: Any, losses: tuple[Any, ...]) -> None:
+    def record(self, model: Any, losses: tuple[Any, ...] | Deferred) -> None:
         """Keep ``losses`` as ``model``'s newest, numbered after every entry so far."""
         number = next(self._numbers)
         self._by_model[_identity(model)] = (weakref.ref(model, self._forget), number, losses)
         self.count = number
 
-    def newest(self, models: Sequence[Any], after: int) -> tuple[int, tuple[Any, ...]] | None:
-        """``(number, losses)`` of the newest entry of any of ``models`` numbered after ``after``."""
+    def newest(self, models: Sequence[Any], after: int) -> tuple[int, tuple[Any, ...] | Deferred] | None:
+        """``(number, losses)`` of the newest entry of any of ``models`` numbered after ``after`` (losses as
+        recorded: read them through :func:`resolved`)."""
         best = None
         for model in models:
             entry = self._by_model.get(_identity(model))

@@ -29,7 +29,7 @@ from typing import Any
 
 from patches.megatron._compat import GPT, MTP, binder, mcore_version, upstream
 from patches.megatron._hybrid import Call, call_in_block, run_in_block
-from patches.megatron._loss import RL_MODE, attach_mtp_loss, last_losses, process_groups, roll
+from patches.megatron._loss import RL_MODE, Deferred, attach_mtp_loss, last_losses, process_groups, roll
 from patches.megatron._models import HYBRID
 from patches.megatron._postprocess import in_inference
 from patches.megatron._verified import GPT_MTP_LOSS_BODY, HYBRID_MTP_LOSS_BODY
@@ -203,8 +203,8 @@ def rl_mode_mtp_loss(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs:
 def _translate(call: Call, ids: Any, cp_group: Any, packed: Any) -> tuple[Any, Any, str | None]:
     """``(input-aligned mask for upstream, label-aligned mask, None)`` where upstream's RL mode gives the user's
     loss exactly, else ``(None, None, why not)``. One host sync for a call with labels; none for ``labels=None``.
-    Under context parallelism the ranks agree on one answer (the mask shifted here on the local chunk is exact
-    only where the chunk boundaries are masked; elsewhere the call takes today's loss)."""
+    On a batch (no packing, no context parallelism) the check is one fused comparison (six tensor ops, no roll),
+    since it runs at every forward; packed sequences are checked on the roll upstream will run."""
     import torch
 
     if call.labels is None:  # the user's own RL mode: the mask is input-aligned already
@@ -216,16 +216,42 @@ def _translate(call: Call, ids: Any, cp_group: Any, packed: Any) -> tuple[Any, A
         return None, None, "labels without a loss_mask train the last label, which upstream's RL mode masks"
     if ids is None or call.labels.shape != ids.shape or mask.shape != ids.shape:
         return None, None, "labels or loss_mask are not shaped as input_ids"
+    # upstream rolls the input-aligned mask left once with the labels: the user's mask again, wherever the user's
+    # is 0 at each sequence's last position. The mask shifted right (its first position, dropped by that roll, holds
+    # the last one) is that mask for a batch and for packed sequences alike; under context parallelism the roll
+    # exchanges chunk boundaries, so the mask is shifted as upstream rolls it there
+    if cp_group is not None and cp_group.size() > 1:
+        return _translate_cp(call, ids, mask, cp_group, packed)
+    mask_in = torch.roll(mask, 1, -1)
+    if packed is None:  # a batch [b, s]: one fused check, no roll of upstream's (each op counts on a small model)
+        bad = call.labels.ne(torch.roll(ids, -1, -1))
+        bad.select(-1, -1).fill_(True)  # the last position: upstream's label is fabricated there, so it must be masked
+        if not bad.logical_and_(mask).any().item():
+            return mask_in, mask, None
+        return _verdict([int(mask.select(-1, -1).ne(0).any().item()), 1], mask_in, mask)  # (which check failed)
+    else:  # packed: the sequence boundaries are the roll's own (the padded ones under the packed-padded fix-up)
+        back, _ = roll(mask_in, cp_group, packed)
+        shifted, _ = roll(ids, cp_group, packed)
+    flags = torch.stack([(back != mask).any(), ((call.labels != shifted) & (mask != 0)).any()]).int()
+    return _verdict(flags.tolist(), mask_in, mask)
+
+
+def _translate_cp(call: Call, ids: Any, mask: Any, cp_group: Any, packed: Any) -> tuple[Any, Any, str | None]:
+    """:func:`_translate` under context parallelism: the ranks agree on one answer (the mask shifted here on the
+    local chunk is exact only where the chunk boundaries are masked; elsewhere the call takes today's loss)."""
+    import torch
+    import torch.distributed as dist
+
     mask_in = torch.zeros_like(mask)
-    mask_in[..., 1:] = mask[..., :-1]  # upstream rolls it left once with the labels: the user's mask again
+    mask_in[..., 1:] = mask[..., :-1]
     back, _ = roll(mask_in, cp_group, packed)
     shifted, _ = roll(ids, cp_group, packed)
     flags = torch.stack([(back != mask).any(), ((call.labels != shifted) & (mask != 0)).any()]).int()
-    if cp_group is not None and cp_group.size() > 1:  # one route on every CP rank: the two run different collectives
-        import torch.distributed as dist
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=cp_group)  # both routes run different collectives
+    return _verdict(flags.tolist(), mask_in, mask)
 
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=cp_group)
-    bad = flags.tolist()
+
+def _verdict(bad: list[int], mask_in: Any, mask: Any) -> tuple[Any, Any, str | None]:
     if bad[0]:
         return None, None, "the loss mask is not 0 at the last position (of each packed sequence)"
     if bad[1]:
@@ -246,7 +272,10 @@ def _upstream_loss(
         return loss
 
     hidden = wrapped(**{**kwargs, "labels": None, "loss_mask": mask_in, "compute_language_model_loss": observed})
-    losses = []
+    if packed is None and (cp_group is None or cp_group.size() <= 1):  # a roll of torch's alone: when first read
+        last_losses.record(model, Deferred(per_token, mask))
+        return hidden
+    losses = []  # now: the roll exchanges chunk boundaries across CP ranks, or reads the pack (and its fix-up)
     for loss in per_token:  # one per depth, in order: upstream's masked mean, as attach_mtp_loss records it
         mask, num_tokens = roll(mask, cp_group, packed)
         losses.append(((mask * loss).sum() / num_tokens.clamp(min=1)).detach())

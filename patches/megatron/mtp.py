@@ -40,7 +40,7 @@ from patches.megatron._hybrid import (
     process_mtp_loss_in_block,
 )
 from patches.megatron._layers import checkpointed_forward, get_embeddings_detached
-from patches.megatron._loss import last_losses
+from patches.megatron._loss import Deferred, last_losses, resolved
 from patches.megatron._models import (
     GPT_FAMILY,
     HYBRID,
@@ -326,7 +326,7 @@ class MTPReport:
     note: str  #: set when no model (chunk) holds MTP layers: it returns logits and computes no MTP loss here
     _models: Sequence[Any]  # held while the block is active
     _after: int  # steps numbered after this one belong to the block
-    _losses: tuple[Any, ...]
+    _losses: tuple[Any, ...] | Deferred
     _cls: type | None
 
     @property
@@ -361,7 +361,8 @@ class MTPReport:
             newest = last_losses.newest(self._models, self._after)
             if newest is not None:
                 self._losses = newest[1]
-        return self._losses
+        losses = self._losses = resolved(self._losses)
+        return losses
 
     @property
     def last_route(self) -> str | None:
@@ -372,7 +373,9 @@ class MTPReport:
     def _close(self) -> None:
         """The block ended: keep the losses of its last step, let go of the models."""
         if last_losses.count != self._after:  # a step ran since the block began (its route is numbered after it)
-            self._losses = self.mtp_loss_tensors
+            newest = last_losses.newest(self._models, self._after)
+            if newest is not None:
+                self._losses = newest[1]  # (computed when read, if deferred)
             self._route = last_route(self._models, self._after)
         self.active = False
         self._models = ()

@@ -23,7 +23,7 @@ import torch
 import patchreg
 from patches.megatron import mtp as mtp_module
 from patches.megatron import mtp_patched
-from patches.megatron._loss import last_losses
+from patches.megatron._loss import last_losses, resolved
 from patches.megatron._native import UPSTREAM, native
 from tests.megatron.conftest import build_gpt, make_batch, record_measurement
 from tests.megatron.hybrid_models import build_hybrid, hybrid_skip_reason
@@ -74,7 +74,7 @@ def _step(model: Any, run: Any) -> tuple[Any, tuple[float, ...], dict[str, Any],
     logits, route = run()
     (logits * 0).sum().backward()
     newest = last_losses.newest((model,), before)
-    losses = tuple(float(v) for v in newest[1]) if newest is not None else ()
+    losses = tuple(float(v) for v in resolved(newest[1])) if newest is not None else ()
     grads = {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p)) for n, p in model.named_parameters()}
     return logits.detach(), losses, grads, route
 
@@ -291,5 +291,27 @@ def test_per_depth_losses_come_out_of_the_native_route_in_eval_too() -> None:
     with torch.no_grad(), patchreg.Registry("old").patched(_old_set("GPTModel", True), model):
         before = last_losses.count
         model(ids, pos, causal, labels=labels, loss_mask=mask)
-        old = tuple(float(v) for v in last_losses.newest((model,), before)[1])  # type: ignore[index]
+        old = tuple(float(v) for v in resolved(last_losses.newest((model,), before)[1]))  # type: ignore[index]
     assert report.mtp_losses == old and len(old) == 2
+
+
+@pytest.mark.parametrize("family", ["GPTModel", "HybridModel"])
+def test_losses_read_after_the_batch_buffers_are_reused_are_the_steps_own(family: str) -> None:
+    """The native route computes ``report.mtp_losses`` when first read, from what the step held: a mask buffer the
+    loader overwrites in place before that read (after the block, even) does not change them."""
+    _native_only()
+    model = _build(family, False, 2)
+    ids, pos, causal, labels, mask = _inputs("exact")
+
+    def losses(overwrite: bool) -> tuple[float, ...]:
+        buffer = mask.clone()
+        with mtp_patched(model, detach_encoder=True) as report:
+            model(ids, pos, causal, labels=labels, loss_mask=buffer)
+        assert report.last_route == UPSTREAM
+        if overwrite:
+            buffer.zero_()  # the next batch lands in the same buffer
+        return report.mtp_losses
+
+    kept, read = losses(False), losses(True)
+    assert len(kept) == 2 and all(v > 0 for v in kept), kept
+    assert read == kept
