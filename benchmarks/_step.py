@@ -75,6 +75,25 @@ def verl_step(model: Any, batch: dict[str, torch.Tensor]) -> Callable[[], float]
     return step
 
 
+def upstream_rl_mode_step(model: Any, batch: dict[str, torch.Tensor]) -> Callable[[], float]:
+    """A step on upstream's own RL mode by hand, no patch (megatron-core 0.19.2+): ``config.mtp_detach_heads`` set
+    once, ``labels=None`` and the loss mask shifted right (aligned with ``input_ids``), the loss on the logits."""
+
+    def step() -> float:
+        mask_in = torch.roll(batch["loss_mask"], 1, -1)  # upstream rolls it left with the labels: the mask again
+        logits = model(
+            batch["input_ids"], batch["position_ids"], batch["attention_mask"], labels=None, loss_mask=mask_in
+        )
+        loss = torch.nn.functional.cross_entropy(
+            logits.float().reshape(-1, logits.shape[-1]), batch["labels"].reshape(-1)
+        )
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+        return float(loss)
+
+    return step
+
+
 @contextlib.contextmanager
 def cpu_block() -> Iterator[None]:
     """The CPU shims every side needs to run Megatron-Core without CUDA, and Megatron's RNG tracker seeded."""

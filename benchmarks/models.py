@@ -182,6 +182,13 @@ def _worker(*args: str) -> dict[str, Any]:
 
 
 NO_ROUTE = "today's patches (this release has no native route)"
+UPSTREAM_BY_HAND = "upstream's RL mode by hand, no patch (mtp_detach_heads set once, labels=None)"
+
+
+def _native_route() -> bool:
+    from patches.megatron._native import native
+
+    return native()
 
 
 def training_step(settings: Settings) -> Section:
@@ -202,6 +209,10 @@ def training_step(settings: Settings) -> Section:
     verl_model, _ = _step.model_and_batch()
     verl_every_model, _ = _step.model_and_batch()
     control_model, _ = _step.model_and_batch()
+    native_model, _ = _step.model_and_batch()
+    native = _native_route()
+    if native:
+        native_model.config.mtp_detach_heads = True
     ours_name, once_name, verl_name, verl_every_name, control_name = (
         "patchreg, mtp_patched entered every step",
         "patchreg, mtp_patched entered once",
@@ -226,6 +237,8 @@ def training_step(settings: Settings) -> Section:
             verl_every_name: looped(_step.verl_every_step(verl, verl_every_model, batch)),
             control_name: looped(_step.verl_step(control_model, batch)),
         }
+        if native:
+            variants[UPSTREAM_BY_HAND] = looped(_step.upstream_rl_mode_step(native_model, batch))
         cmp = compare(variants, number=1, repeat=settings.steps, warmup=2)
     control = cmp.ratio(control_name, verl_name).median
     ms = lambda s: f"{s.median / 1e6:.2f} ms ({s.min / 1e6:.2f}-{s.max / 1e6:.2f})"  # noqa: E731
@@ -241,6 +254,12 @@ def training_step(settings: Settings) -> Section:
     ):
         r = cmp.ratio(name, peer).median
         section.checks.append(Check(f"training step vs verl, {label}", f"{r:.3f}x", "<= 1.02x", r <= 1.02))
+    if native:
+        for name, label in ((ours_name, "ours entered every step"), (once_name, "ours entered once")):
+            r = cmp.ratio(name, UPSTREAM_BY_HAND).median
+            section.checks.append(
+                Check(f"training step vs upstream's RL mode by hand, {label} (information)", f"{r:.3f}x", "-", None)
+            )
     try:
         ours_rss = _rss("patchreg", settings.rss_steps)
         verl_rss = _rss("verl", settings.rss_steps)
@@ -292,6 +311,10 @@ def training_step(settings: Settings) -> Section:
         "mask is 0 at the last position, whose label the shift wraps around. Our block's MTP loss took this route "
         f"here: {route or NO_ROUTE} (`report.last_route`; on megatron-core 0.19.2 upstream's "
         "RL mode, after a per-forward check that the translation is exact).",
+        f"On releases with upstream's RL mode, the side '{UPSTREAM_BY_HAND}' is what a user of upstream's own "
+        "feature writes without us: the flag set on the config once, `labels=None`, the loss mask shifted right. "
+        "Ours over it is the price of the block's translation (the per-forward exactness check, the per-depth "
+        "losses kept for `report.mtp_losses`, the Python of the wraps), a constant per forward.",
         "Not quite equal work: with `detach_encoder=True` our MTP logits use a detached output-layer weight (the "
         "MTP loss does not train the output layer, the same on every release), while verl's 0.17+ path passes "
         "the live weight; our backward skips one weight-gradient product per MTP depth (vocabulary 64 here, so "
