@@ -310,11 +310,11 @@ def training_step(settings: Settings) -> Section:
         "The batch is an RL actor's (verl's Megatron actor): the labels are the ids shifted left once and the loss "
         "mask is 0 at the last position, whose label the shift wraps around. Our block's MTP loss took this route "
         f"here: {route or NO_ROUTE} (`report.last_route`; on megatron-core 0.19.2 upstream's "
-        "RL mode, after a per-forward check that the translation is exact).",
+        "own forward and MTP loss, on the user's labels).",
         f"On releases with upstream's RL mode, the side '{UPSTREAM_BY_HAND}' is what a user of upstream's own "
         "feature writes without us: the flag set on the config once, `labels=None`, the loss mask shifted right. "
-        "Ours over it is the price of the block's translation (the per-forward exactness check, the per-depth "
-        "losses kept for `report.mtp_losses`, the Python of the wraps), a constant per forward.",
+        "Ours over it is the price of the block (the install and release of its three patches, the user's labels "
+        "carried to the MTP loss, the per-depth losses kept for `report.mtp_losses`), a constant per forward.",
         "Not quite equal work: with `detach_encoder=True` our MTP logits use a detached output-layer weight (the "
         "MTP loss does not train the output layer, the same on every release), while verl's 0.17+ path passes "
         "the live weight; our backward skips one weight-gradient product per MTP depth (vocabulary 64 here, so "

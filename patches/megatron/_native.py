@@ -10,26 +10,25 @@ the output head), the block installs three patches in place of today's replaceme
   returns logits ``[b, s, vocab/tp]``) and keeps the user's labels and label-aligned mask for the MTP loss; a
   user ``output_processor`` (GPTModel) still gets the user's labels and mask;
 - ``rl_mode_mtp_loss`` (GPTModel) / ``rl_mode_hybrid_mtp_loss`` (HybridModel): a wrap of ``process_mtp_loss`` as
-  the model's module imported it. For a model in the block it translates the call onto upstream's RL mode
-  (``labels=None``, the mask shifted right one place so upstream's own roll gives the user's mask back) and
-  runs upstream's body, where that is exact: the labels are ``input_ids`` shifted left once under the mask, and
-  the mask is 0 at the last position (of each packed sequence). Otherwise that call takes today's patch path
-  (:func:`patches.megatron._loss.attach_mtp_loss` on upstream's MTP states) and the report says why. Any other
-  model's call goes to upstream untouched.
+  the model's module imported it. For a model in the block it hands upstream's body the user's labels and
+  label-aligned mask, which the ``labels=None`` forward kept: upstream's own label mode, under
+  ``mtp_detach_heads``, exact for any labels and mask (nothing is checked or translated per call). A user's own
+  ``labels=None`` call is upstream's RL mode (labels from ``input_ids``). Any other model's call goes to upstream
+  untouched.
 
 The per-depth losses (``report.mtp_losses``) come from the same per-token losses upstream computes (its
-``compute_language_model_loss`` call is observed) under the same rolled masks, so both routes record them.
+``compute_language_model_loss`` call is observed) under the same rolled masks, so both routes record them; where
+the roll needs no collective and no pack they are computed when first read.
 """
 
 from __future__ import annotations
 
 import types
-import weakref
 from typing import Any
 
 from patches.megatron._compat import GPT, MTP, binder, mcore_version, upstream
 from patches.megatron._hybrid import Call, call_in_block, run_in_block
-from patches.megatron._loss import RL_MODE, Deferred, attach_mtp_loss, last_losses, process_groups, roll
+from patches.megatron._loss import RL_MODE, Deferred, last_losses, process_groups, roll
 from patches.megatron._models import HYBRID
 from patches.megatron._postprocess import in_inference
 from patches.megatron._verified import GPT_MTP_LOSS_BODY, HYBRID_MTP_LOSS_BODY
@@ -135,18 +134,10 @@ def native() -> bool:
 on_refresh(_NATIVE.clear)
 
 
-#: model -> (the number of its last losses in ``last_losses``, how they were computed: UPSTREAM or "patched: ...")
-_routes: weakref.WeakKeyDictionary[Any, tuple[int, str]] = weakref.WeakKeyDictionary()
-
-
 def last_route(models: Any, after: int) -> str | None:
-    """How the newest MTP loss of any of ``models`` numbered after ``after`` was computed (None: none)."""
-    best: tuple[int, str] | None = None
-    for model in models:
-        found = _routes.get(model)
-        if found is not None and found[0] > after and (best is None or found[0] > best[0]):
-            best = found
-    return None if best is None else best[1]
+    """How the newest MTP loss of any of ``models`` numbered after ``after`` was computed: ``UPSTREAM`` on the native
+    route (every call of a model in the block runs upstream's body), None before such a loss or without the route."""
+    return UPSTREAM if native() and last_losses.newest(models, after) is not None else None
 
 
 def rl_mode_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -175,94 +166,34 @@ def _user_view(processor: Any, labels: Any, mask: Any) -> Any:
 
 
 def rl_mode_mtp_loss(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """A model in the block: upstream's RL mode where the translation is exact, else today's loss; others: upstream."""
+    """A model in the block: upstream's ``process_mtp_loss`` on the user's labels and label-aligned mask (its label
+    mode: exact for any labels, nothing to check per call); the user's own ``labels=None`` call as upstream's RL
+    mode; any other model's call: upstream's, untouched."""
     kwargs, call = call_in_block(wrapped, args, kwargs)
     if call is None:
         return wrapped(**kwargs)
-    model, ids = call.model, kwargs.get("input_ids")
-    if call.labels is None and ids is None:
-        return wrapped(**kwargs)  # nothing to derive labels from: no MTP loss, as upstream
+    model, labels, mask = call.model, call.labels, call.loss_mask
     cp_group, _tp = process_groups(model)
     packed = kwargs.get("packed_seq_params")
-    mask_in, mask, reason = _translate(call, ids, cp_group, packed)
-    if reason is None:
-        hidden = _upstream_loss(wrapped, kwargs, model, mask_in, mask, cp_group, packed)
-        _routes[model] = (last_losses.count, UPSTREAM)
-        return hidden
-    a = {"labels": call.labels, "loss_mask": call.loss_mask, "input_ids": ids, "packed_seq_params": packed,
-         "runtime_gather_output": kwargs.get("runtime_gather_output")}  # fmt: skip
-    import torch
+    if labels is None:  # the user's own RL mode: the labels from input_ids, the mask aligned with them
+        ids = kwargs.get("input_ids")
+        if ids is None:
+            return wrapped(**kwargs)  # nothing to derive labels from: no MTP loss, as upstream
+        import torch
 
-    hidden, *states = torch.chunk(kwargs["hidden_states"], 1 + model.config.mtp_num_layers, dim=0)
-    detach = bool(getattr(model.config, "mtp_detach_heads", False))
-    hidden = attach_mtp_loss(model, hidden, states, a, kwargs.get("output_weight"), detach)
-    _routes[model] = (last_losses.count, f"patched: {reason}")
-    return hidden
+        label_mask, _ = roll(torch.ones_like(ids) if mask is None else mask, cp_group, packed)
+    else:
+        label_mask = mask
+        if label_mask is None:  # upstream's label mode trains every label then (rolled per depth)
+            import torch
 
-
-def _translate(call: Call, ids: Any, cp_group: Any, packed: Any) -> tuple[Any, Any, str | None]:
-    """``(input-aligned mask for upstream, label-aligned mask, None)`` where upstream's RL mode gives the user's
-    loss exactly, else ``(None, None, why not)``. One host sync for a call with labels; none for ``labels=None``.
-    On a batch (no packing, no context parallelism) the check is one fused comparison (six tensor ops, no roll),
-    since it runs at every forward; packed sequences are checked on the roll upstream will run."""
-    import torch
-
-    if call.labels is None:  # the user's own RL mode: the mask is input-aligned already
-        mask_in = call.loss_mask
-        label_mask, _ = roll(torch.ones_like(ids) if mask_in is None else mask_in, cp_group, packed)
-        return mask_in, label_mask, None
-    mask = call.loss_mask
-    if mask is None:
-        return None, None, "labels without a loss_mask train the last label, which upstream's RL mode masks"
-    if ids is None or call.labels.shape != ids.shape or mask.shape != ids.shape:
-        return None, None, "labels or loss_mask are not shaped as input_ids"
-    # upstream rolls the input-aligned mask left once with the labels: the user's mask again, wherever the user's
-    # is 0 at each sequence's last position. The mask shifted right (its first position, dropped by that roll, holds
-    # the last one) is that mask for a batch and for packed sequences alike; under context parallelism the roll
-    # exchanges chunk boundaries, so the mask is shifted as upstream rolls it there
-    if cp_group is not None and cp_group.size() > 1:
-        return _translate_cp(call, ids, mask, cp_group, packed)
-    mask_in = torch.roll(mask, 1, -1)
-    if packed is None:  # a batch [b, s]: one fused check, no roll of upstream's (each op counts on a small model)
-        bad = call.labels.ne(torch.roll(ids, -1, -1))
-        bad.select(-1, -1).fill_(True)  # the last position: upstream's label is fabricated there, so it must be masked
-        if not bad.logical_and_(mask).any().item():
-            return mask_in, mask, None
-        return _verdict([int(mask.select(-1, -1).ne(0).any().item()), 1], mask_in, mask)  # (which check failed)
-    else:  # packed: the sequence boundaries are the roll's own (the padded ones under the packed-padded fix-up)
-        back, _ = roll(mask_in, cp_group, packed)
-        shifted, _ = roll(ids, cp_group, packed)
-    flags = torch.stack([(back != mask).any(), ((call.labels != shifted) & (mask != 0)).any()]).int()
-    return _verdict(flags.tolist(), mask_in, mask)
+            label_mask = torch.ones_like(labels)
+    return _upstream_loss(wrapped, {**kwargs, "labels": labels, "loss_mask": mask}, model, label_mask, cp_group, packed)
 
 
-def _translate_cp(call: Call, ids: Any, mask: Any, cp_group: Any, packed: Any) -> tuple[Any, Any, str | None]:
-    """:func:`_translate` under context parallelism: the ranks agree on one answer (the mask shifted here on the
-    local chunk is exact only where the chunk boundaries are masked; elsewhere the call takes today's loss)."""
-    import torch
-    import torch.distributed as dist
-
-    mask_in = torch.zeros_like(mask)
-    mask_in[..., 1:] = mask[..., :-1]
-    back, _ = roll(mask_in, cp_group, packed)
-    shifted, _ = roll(ids, cp_group, packed)
-    flags = torch.stack([(back != mask).any(), ((call.labels != shifted) & (mask != 0)).any()]).int()
-    dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=cp_group)  # both routes run different collectives
-    return _verdict(flags.tolist(), mask_in, mask)
-
-
-def _verdict(bad: list[int], mask_in: Any, mask: Any) -> tuple[Any, Any, str | None]:
-    if bad[0]:
-        return None, None, "the loss mask is not 0 at the last position (of each packed sequence)"
-    if bad[1]:
-        return None, None, "the labels are not input_ids shifted left once under the loss mask"
-    return mask_in, mask, None
-
-
-def _upstream_loss(
-    wrapped: Any, kwargs: dict[str, Any], model: Any, mask_in: Any, mask: Any, cp_group: Any, packed: Any
-) -> Any:
-    """Upstream's ``process_mtp_loss`` in RL mode; the per-depth losses recorded from its own per-token losses."""
+def _upstream_loss(wrapped: Any, kwargs: dict[str, Any], model: Any, mask: Any, cp_group: Any, packed: Any) -> Any:
+    """Upstream's ``process_mtp_loss`` with ``kwargs``; the per-depth losses recorded from its own per-token losses
+    under ``mask`` (label-aligned, rolled once per depth as upstream rolls it)."""
     per_token: list[Any] = []
     compute = kwargs["compute_language_model_loss"]
 
@@ -271,7 +202,7 @@ def _upstream_loss(
         per_token.append(loss)
         return loss
 
-    hidden = wrapped(**{**kwargs, "labels": None, "loss_mask": mask_in, "compute_language_model_loss": observed})
+    hidden = wrapped(**{**kwargs, "compute_language_model_loss": observed})
     if packed is None and (cp_group is None or cp_group.size() <= 1):  # a roll of torch's alone: when first read
         last_losses.record(model, Deferred(per_token, mask))
         return hidden
@@ -315,7 +246,7 @@ RL_MODE_MTP_LOSS = Patch(
     rl_mode_mtp_loss,
     kind="wrap",
     when=TODAYS & has(f"{GPT}:process_mtp_loss"),
-    doc="a model in the block: upstream's RL mode where exact (labels = input_ids shifted), else our loss",
+    doc="a model in the block: upstream's process_mtp_loss on the user's labels and mask (its label mode)",
     verified=GPT_MTP_LOSS_BODY,
 )
 

@@ -6,8 +6,8 @@ labels are given (or, on releases with upstream's RL mode, 0.19+, derived from `
 model is the upstream model again. On releases with upstream's RL mode and ``mtp_detach_heads`` (0.19.2,
 probed) the block installs no reimplementation of an upstream body: ``mtp_detach_heads`` / ``mtp_heads_attached``
 (the config flag, a value), ``rl_mode_forward`` and ``rl_mode_mtp_loss`` / ``rl_mode_hybrid_mtp_loss``
-(:mod:`patches.megatron._native`: upstream's ``labels=None`` route, today's loss for a call it cannot
-translate exactly), and the patches below are skipped as natively covered. Elsewhere, each gated per release:
+(:mod:`patches.megatron._native`: upstream's ``labels=None`` forward, its ``process_mtp_loss`` on the user's
+labels), and the patches below are skipped as natively covered. Elsewhere, each gated per release:
 
 - GPTModel: ``postprocess`` / ``postprocess_detached`` (the model's ``_postprocess``)
 - HybridModel / MambaModel 0.17: ``hybrid_forward`` / ``hybrid_forward_detached`` (the model's
