@@ -88,7 +88,7 @@ def rollout(step: int) -> dict[str, Any]:
     ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen)
     mask = torch.ones(BATCH, SEQ)
     mask[:, :4] = 0  # the prompt
-    mask[:, -1] = 0  # the last label (input_ids rolled around) is no real token (0.19.2: the block rides upstream)
+    mask[:, -1] = 0  # the last label (input_ids rolled around) is no real token, as an RL actor masks it
     return {
         "input_ids": ids,
         "position_ids": torch.arange(SEQ).expand(BATCH, SEQ),
