@@ -34,6 +34,7 @@ __all__ = [
     "LastLosses",
     "attach_mtp_loss",
     "last_losses",
+    "masked_means",
     "process_groups",
     "resolved",
     "rl_mode",
@@ -58,12 +59,19 @@ class Deferred:
     def value(self) -> tuple[Any, ...]:
         """The losses (detached tensors), computed at the first call."""
         if self._value is None:
-            mask, losses = self._mask, []
-            for loss in self._per_token or ():
-                mask, num_tokens = roll(mask, None, None)
-                losses.append((mask * loss).sum() / num_tokens.clamp(min=1))
-            self._value, self._per_token, self._mask = tuple(losses), None, None
+            self._value = masked_means(self._per_token or (), self._mask, None, None)
+            self._per_token, self._mask = None, None
         return self._value
+
+
+def masked_means(per_token: Sequence[Any], mask: Any, cp_group: Any, packed: Any) -> tuple[Any, ...]:
+    """Each depth's masked mean of its per-token losses (in depth order), under the label-aligned ``mask`` rolled
+    once more per depth as upstream rolls it: what ``report.mtp_losses`` reads, detached."""
+    losses = []
+    for loss in per_token:
+        mask, num_tokens = roll(mask, cp_group, packed)
+        losses.append(((mask * loss).sum() / num_tokens.clamp(min=1)).detach())
+    return tuple(losses)
 
 
 def resolved(losses: tuple[Any, ...] | Deferred) -> tuple[Any, ...]:

@@ -28,7 +28,7 @@ from typing import Any
 
 from patches.megatron._compat import GPT, MTP, binder, mcore_version, upstream
 from patches.megatron._hybrid import Call, call_in_block, run_in_block
-from patches.megatron._loss import RL_MODE, Deferred, last_losses, process_groups, roll
+from patches.megatron._loss import RL_MODE, Deferred, last_losses, masked_means, process_groups, roll
 from patches.megatron._models import HYBRID
 from patches.megatron._postprocess import in_inference
 from patches.megatron._verified import GPT_MTP_LOSS_BODY, HYBRID_MTP_LOSS_BODY
@@ -43,7 +43,7 @@ __all__ = [
     "HEADS_ATTACHED",
     "HEADS_DETACHED",
     "UPSTREAM",
-    "last_route",
+    "route_of",
     "natively_covered",
     "native",
     "rl_mode_forward",
@@ -134,10 +134,10 @@ def native() -> bool:
 on_refresh(_NATIVE.clear)
 
 
-def last_route(models: Any, after: int) -> str | None:
-    """How the newest MTP loss of any of ``models`` numbered after ``after`` was computed: ``UPSTREAM`` on the native
-    route (every call of a model in the block runs upstream's body), None before such a loss or without the route."""
-    return UPSTREAM if native() and last_losses.newest(models, after) is not None else None
+def route_of(newest: Any) -> str | None:
+    """How a block's newest MTP loss (its entry in ``last_losses``, None: no step yet) was computed: ``UPSTREAM`` on
+    the native route (every call of a model in the block runs upstream's body), None before a step or elsewhere."""
+    return UPSTREAM if newest is not None and native() else None
 
 
 def rl_mode_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -173,21 +173,17 @@ def rl_mode_mtp_loss(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs:
     if call is None:
         return wrapped(**kwargs)
     model, labels, mask = call.model, call.labels, call.loss_mask
+    ids = kwargs.get("input_ids")
+    if labels is None and ids is None:
+        return wrapped(**kwargs)  # nothing to derive labels from: no MTP loss, as upstream
+    import torch
+
     cp_group, _tp = process_groups(model)
     packed = kwargs.get("packed_seq_params")
     if labels is None:  # the user's own RL mode: the labels from input_ids, the mask aligned with them
-        ids = kwargs.get("input_ids")
-        if ids is None:
-            return wrapped(**kwargs)  # nothing to derive labels from: no MTP loss, as upstream
-        import torch
-
         label_mask, _ = roll(torch.ones_like(ids) if mask is None else mask, cp_group, packed)
-    else:
-        label_mask = mask
-        if label_mask is None:  # upstream's label mode trains every label then (rolled per depth)
-            import torch
-
-            label_mask = torch.ones_like(labels)
+    else:  # upstream's label mode: without a mask it trains every label (rolled per depth)
+        label_mask = torch.ones_like(labels) if mask is None else mask
     return _upstream_loss(wrapped, {**kwargs, "labels": labels, "loss_mask": mask}, model, label_mask, cp_group, packed)
 
 
@@ -205,12 +201,8 @@ def _upstream_loss(wrapped: Any, kwargs: dict[str, Any], model: Any, mask: Any, 
     hidden = wrapped(**{**kwargs, "compute_language_model_loss": observed})
     if packed is None and (cp_group is None or cp_group.size() <= 1):  # a roll of torch's alone: when first read
         last_losses.record(model, Deferred(per_token, mask))
-        return hidden
-    losses = []  # now: the roll exchanges chunk boundaries across CP ranks, or reads the pack (and its fix-up)
-    for loss in per_token:  # one per depth, in order: upstream's masked mean, as attach_mtp_loss records it
-        mask, num_tokens = roll(mask, cp_group, packed)
-        losses.append(((mask * loss).sum() / num_tokens.clamp(min=1)).detach())
-    last_losses.record(model, tuple(losses))
+    else:  # now: the roll exchanges chunk boundaries across CP ranks, or reads the pack (and its fix-up)
+        last_losses.record(model, masked_means(per_token, mask, cp_group, packed))
     return hidden
 
 

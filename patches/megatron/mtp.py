@@ -56,9 +56,9 @@ from patches.megatron._native import (
     RL_MODE_FORWARD,
     RL_MODE_HYBRID_MTP_LOSS,
     RL_MODE_MTP_LOSS,
-    last_route,
     natively_covered,
     route_lines,
+    route_of,
 )
 from patches.megatron._postprocess import postprocess, postprocess_detached
 from patches.megatron._verified import (
@@ -358,25 +358,27 @@ class MTPReport:
     def mtp_loss_tensors(self) -> tuple[Any, ...]:
         """The same losses as detached tensors (no device sync)."""
         if self.active:
-            newest = last_losses.newest(self._models, self._after)
-            if newest is not None:
-                self._losses = newest[1]
+            self._take_newest()
         losses = self._losses = resolved(self._losses)
         return losses
 
     @property
     def last_route(self) -> str | None:
         """How the newest MTP loss of the block's models was computed (0.19.2+: ``upstream does this natively
-        here`` or ``patched: <reason>``, per call); None on releases without the native route or before a step."""
-        return last_route(self._models, self._after) if self.active else self._route
+        here``); None on releases without the native route or before a step."""
+        return route_of(last_losses.newest(self._models, self._after)) if self.active else self._route
+
+    def _take_newest(self) -> Any:
+        """The newest losses of the block's models since it began (None: no step yet), kept as the block's."""
+        newest = last_losses.newest(self._models, self._after)
+        if newest is not None:
+            self._losses = newest[1]  # (computed when read, if deferred)
+        return newest
 
     def _close(self) -> None:
         """The block ended: keep the losses of its last step, let go of the models."""
         if last_losses.count != self._after:  # a step ran since the block began (its route is numbered after it)
-            newest = last_losses.newest(self._models, self._after)
-            if newest is not None:
-                self._losses = newest[1]  # (computed when read, if deferred)
-            self._route = last_route(self._models, self._after)
+            self._route = route_of(self._take_newest())
         self.active = False
         self._models = ()
 
