@@ -70,17 +70,34 @@ ARCHS: Final = ("deepseek_v3", "mimo")
 """The architectures :func:`write_tiny_mtp_checkpoint` writes: DeepSeek-V3 (MLA) and MiMo (plain attention)."""
 
 
+def _common_config(num_hidden_layers: int) -> dict[str, Any]:
+    """What both tiny architectures' ``config.json`` share: the sizes, one MTP layer, RoPE, the norm, no tied
+    embeddings, the dtype."""
+    return {
+        "vocab_size": VOCAB_SIZE,
+        "hidden_size": _HIDDEN,
+        "intermediate_size": 64,
+        "num_hidden_layers": num_hidden_layers,
+        "num_nextn_predict_layers": 1,
+        "hidden_act": "silu",
+        "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "rope_scaling": None,
+        "tie_word_embeddings": False,
+        "bos_token_id": None,
+        "eos_token_id": VOCAB_SIZE - 1,
+        "torch_dtype": "bfloat16",
+    }
+
+
 def tiny_mtp_config(num_hidden_layers: int = 1) -> dict[str, Any]:
     """The ``config.json`` of the tiny DeepSeek-V3 model with one MTP layer (dense layers, MLA attention)."""
     return {
         "architectures": ["DeepseekV3ForCausalLM"],
         "model_type": "deepseek_v3",
-        "vocab_size": VOCAB_SIZE,
-        "hidden_size": _HIDDEN,
-        "intermediate_size": 64,
+        **_common_config(num_hidden_layers),
         "moe_intermediate_size": 32,
-        "num_hidden_layers": num_hidden_layers,
-        "num_nextn_predict_layers": 1,
         "num_attention_heads": 2,
         "num_key_value_heads": 2,
         "n_routed_experts": 4,
@@ -99,17 +116,8 @@ def tiny_mtp_config(num_hidden_layers: int = 1) -> dict[str, Any]:
         "qk_nope_head_dim": 64,
         "qk_rope_head_dim": 64,
         "v_head_dim": 64,
-        "hidden_act": "silu",
         "attention_bias": False,
         "attention_dropout": 0.0,
-        "max_position_embeddings": 512,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 10000.0,
-        "rope_scaling": None,
-        "tie_word_embeddings": False,
-        "bos_token_id": None,
-        "eos_token_id": VOCAB_SIZE - 1,
-        "torch_dtype": "bfloat16",
     }
 
 
@@ -119,25 +127,12 @@ def tiny_mimo_config(num_hidden_layers: int = 1) -> dict[str, Any]:
     return {
         "architectures": ["MiMoForCausalLM"],
         "model_type": "qwen2",
-        "vocab_size": VOCAB_SIZE,
-        "hidden_size": _HIDDEN,
-        "intermediate_size": 64,
-        "num_hidden_layers": num_hidden_layers,
-        "num_nextn_predict_layers": 1,
+        **_common_config(num_hidden_layers),
         "num_attention_heads": 5,  # head_dim 64
         "num_key_value_heads": 1,
-        "hidden_act": "silu",
-        "max_position_embeddings": 512,
         "max_window_layers": num_hidden_layers,
         "use_sliding_window": False,
         "sliding_window": None,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 10000.0,
-        "rope_scaling": None,
-        "tie_word_embeddings": False,
-        "bos_token_id": None,
-        "eos_token_id": VOCAB_SIZE - 1,
-        "torch_dtype": "bfloat16",
     }
 
 

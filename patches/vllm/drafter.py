@@ -455,6 +455,22 @@ def _native_drafter_sync() -> tuple[bool, str]:
     return synced, f"vLLM's reload_weights {'writes' if synced else 'does not write'} the draft model"
 
 
+def _load_weights_wraps(classes: tuple[str, ...], suffix: str, wrapper: Any, what: str) -> list[Patch]:
+    """A wrap of ``load_weights`` on each of ``classes`` (``module:Class``), where the release has it (vLLM 0.20+);
+    its doc is the method's name followed by ``what``."""
+    return [
+        Patch(
+            f"vllm.{where.rpartition(':')[2]}.load-weights-{suffix}",
+            f"{where}.load_weights",
+            wrapper,
+            kind="wrap",
+            when=requires("vllm>=0.20") & has(f"{where}.load_weights"),
+            doc=f"{where.rpartition(':')[2]}.load_weights{what}",
+        )
+        for where in classes
+    ]
+
+
 _HAS_RELOAD: Final = (
     requires("vllm>=0.20") & has(f"{_WORKER}.reload_weights") & has(f"{_WORKER}.get_draft_model") & has(_INPLACE)
 )
@@ -513,29 +529,11 @@ _WORKER_METHODS = [
         when=_LAYERWISE,
         doc="After a target's layerwise reload: note the sync; with the drafter sync on, reload the drafter.",
     ),
-    *(
-        Patch(
-            f"vllm.{where.rpartition(':')[2]}.load-weights-syncs-drafter",
-            f"{where}.load_weights",
-            sync_target_load,
-            kind="wrap",
-            when=requires("vllm>=0.20") & has(f"{where}.load_weights"),
-            doc=f"{where.rpartition(':')[2]}.load_weights: keep the drafter's tensors as they pass; sync it after.",
-        )
-        for where in MODEL_CLASSES
-    ),
-    *(
-        Patch(
-            f"vllm.{where.rpartition(':')[2]}.load-weights-noted",
-            f"{where}.load_weights",
-            note_drafter_load,
-            kind="wrap",
-            when=requires("vllm>=0.20") & has(f"{where}.load_weights"),
-            doc=f"{where.rpartition(':')[2]}.load_weights called by a framework: note the drafter tensors it wrote.",
-        )
-        for where in DRAFT_CLASSES
-    ),
-]
+    *_load_weights_wraps(MODEL_CLASSES, "syncs-drafter", sync_target_load,
+                         ": keep the drafter's tensors as they pass; sync it after."),
+    *_load_weights_wraps(DRAFT_CLASSES, "noted", note_drafter_load,
+                         " called by a framework: note the drafter tensors it wrote."),
+]  # fmt: skip
 
 WORKER_CHANNEL = PatchSet(
     "vllm-worker-channel",

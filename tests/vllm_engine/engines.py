@@ -8,7 +8,8 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -136,3 +137,17 @@ def run_sync(name: str, root: Path, spec: dict[str, Any], sets: str | None, mp: 
     result: dict[str, Any] = json.loads(out.read_text())
     assert "crashed" not in result, f"{name}: {result.get('crashed')}"
     return result
+
+
+def run_all(run: Callable[[str], dict[str, Any]], names: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """``run(name)`` for every scenario, two at a time (each engine in its own fresh process): results by name."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {name: pool.submit(run, name) for name in names}
+        return {name: f.result() for name, f in futures.items()}
+
+
+def one_record(status: Any) -> dict[str, Any]:
+    """The one worker's record of a ``collective_rpc`` answer (a list with one entry per worker)."""
+    assert isinstance(status, list) and len(status) == 1, status
+    record: dict[str, Any] = status[0]
+    return record

@@ -13,13 +13,12 @@ import json
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.vllm_engine.engines import REPO, run_sync
+from tests.vllm_engine.engines import REPO, one_record, run_all, run_sync
 
 # The module's engines start in its first test's setup: about 4 minutes on a quiet 2-core machine, much more
 # on a shared one; pytest-timeout's default (600 s per test) would cut that setup short.
@@ -58,15 +57,7 @@ def _run(name: str, root: Path, checkpoints: dict[str, Path]) -> dict[str, Any]:
 def runs(checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     """Every scenario's result, the engines run two at a time in fresh processes."""
     root = tmp_path_factory.mktemp("drafter-sync")
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(_run, name, root, checkpoints) for name in SCENARIOS}
-        return {name: f.result() for name, f in futures.items()}
-
-
-def _one(status: Any) -> dict[str, Any]:
-    assert isinstance(status, list) and len(status) == 1, status
-    record: dict[str, Any] = status[0]
-    return record
+    return run_all(lambda name: _run(name, root, checkpoints), SCENARIOS)
 
 
 @pytest.mark.parametrize("name", WITH_SET)
@@ -102,7 +93,7 @@ def test_reload_from_path_syncs_the_drafter(runs: dict[str, Any], name: str) -> 
     assert run["sync_path"] == "ok", run["sync_path"]
     acceptance = run["acceptance_path"]
     assert acceptance["full"] == 1.0 and acceptance["never"] == 0.0 and 0.3 < acceptance["partial"] < 0.7
-    status = _one(run["status_path"])
+    status = one_record(run["status_path"])
     assert status["in_sync"] and status["stale"] == [] and status["stale_model"] is None
     assert (status["target_syncs"], status["drafter_syncs"], status["drafter_tensors"]) == (1, 1, DRAFTER_TENSORS)
     assert status["sets"] == status["caller_sets"] and status["matches_caller"] and SET in status["sets"]
@@ -116,7 +107,7 @@ def test_reload_from_a_one_pass_iterator_syncs_the_drafter(runs: dict[str, Any],
     acceptance = run["acceptance_iter_known"]
     assert acceptance["full"] == 1.0 and acceptance["never"] == 0.0 and 0.3 < acceptance["partial"] < 0.7
     for key, syncs in (("status_iter_random", 2), ("status_iter_known", 3)):
-        status = _one(run[key])
+        status = one_record(run[key])
         assert status["in_sync"] and (status["target_syncs"], status["drafter_syncs"]) == (syncs, syncs)
         assert status["source"] == "iterator"
 
@@ -124,7 +115,7 @@ def test_reload_from_a_one_pass_iterator_syncs_the_drafter(runs: dict[str, Any],
 def test_drafter_tensors_equal_the_checkpoint(runs: dict[str, Any]) -> None:
     """After each sync from known, every drafter tensor with a checkpoint counterpart equals it."""
     for key in ("drafter_equals_known", "drafter_equals_known_iter"):
-        compared = _one(runs["inproc"][key])
+        compared = one_record(runs["inproc"][key])
         assert len(compared) >= 8 and all(compared.values()), compared
 
 
@@ -134,7 +125,7 @@ def test_a_sync_failing_midway_names_the_stale_drafter(runs: dict[str, Any], nam
     run = runs[name]
     (error,) = run["sync_bad_shape"]
     assert error.startswith("PatchError:") and "drafter" in error and "stale" in error and "640" in error
-    status = _one(run["status_bad_shape"])
+    status = one_record(run["status_bad_shape"])
     assert not status["in_sync"] and status["stale_model"] == "drafter" and "AssertionError" in status["error"]
     assert "model.layers.1.eh_proj.weight" in status["stale"]
     assert set(run["acceptance_bad_shape"]) == {"full", "never", "partial"}  # the engine still generates
@@ -153,7 +144,7 @@ def test_without_the_sync_the_status_lists_the_stale_tensors(runs: dict[str, Any
     run = runs["inproc-channel"]
     required = run["status_required_start"]
     assert "PatchError" in required["error"] and "PATCHREG_PATCHSETS=vllm-mtp-drafter-sync" in required["error"]
-    status = _one(run["status_path"])
+    status = one_record(run["status_path"])
     assert not status["in_sync"] and not status["sync_active"]
     assert len(status["stale"]) == DRAFTER_TENSORS - SHARED
     assert "model.layers.1.eh_proj.weight" in status["stale"] and "model.embed_tokens.weight" not in status["stale"]

@@ -10,13 +10,12 @@ the set; five engines, two at a time, once for the module.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.vllm_engine.engines import run_sync
+from tests.vllm_engine.engines import one_record, run_all, run_sync
 
 pytestmark = pytest.mark.timeout(2400)
 
@@ -52,15 +51,7 @@ def _run(name: str, root: Path, checkpoints: dict[str, Path]) -> dict[str, Any]:
 def runs(mimo_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     """Every scenario's result, the engines run two at a time in fresh processes."""
     root = tmp_path_factory.mktemp("drafter-sync-load")
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(_run, name, root, mimo_checkpoints) for name in SCENARIOS}
-        return {name: f.result() for name, f in futures.items()}
-
-
-def _one(status: Any) -> dict[str, Any]:
-    assert isinstance(status, list) and len(status) == 1, status
-    record: dict[str, Any] = status[0]
-    return record
+    return run_all(lambda name: _run(name, root, mimo_checkpoints), SCENARIOS)
 
 
 def _by_range(acceptance: dict[str, float]) -> bool:
@@ -89,7 +80,7 @@ def test_load_weights_status_is_in_sync_and_counts(runs: dict[str, Any], name: s
     """drafter_status after each load_weights sync: in sync, nothing stale, target and drafter syncs counted."""
     run = runs[name]
     for step, syncs in (("known", 1), ("random", 2), ("known2", 3)):
-        status = _one(run[f"status_load_{step}"])
+        status = one_record(run[f"status_load_{step}"])
         assert status["in_sync"] and status["stale"] == [] and status["stale_model"] is None, status
         assert (status["target_syncs"], status["drafter_syncs"]) == (syncs, syncs)
         assert status["source"] == "target load_weights" and status["drafter_tensors"] == DRAFTER_TENSORS
@@ -100,10 +91,10 @@ def test_load_weights_drafter_tensors_equal_the_checkpoint(runs: dict[str, Any],
     """After each load_weights sync from known, the drafter's tensors equal known's (input_proj differs after random)."""
     run = runs[name]
     for step in ("known", "known2"):
-        compared = _one(run[f"drafter_equals_{step}"])
+        compared = one_record(run[f"drafter_equals_{step}"])
         assert "model.mtp_layers.1.input_proj.weight" in compared and len(compared) >= 5, compared
         assert all(compared.values()), compared
-    assert not _one(run["drafter_equals_random"])["model.mtp_layers.1.input_proj.weight"]
+    assert not one_record(run["drafter_equals_random"])["model.mtp_layers.1.input_proj.weight"]
 
 
 @pytest.mark.parametrize("name", WITHOUT_SET)
@@ -112,12 +103,12 @@ def test_without_the_set_load_weights_leaves_the_drafter_stale(runs: dict[str, A
     run = runs[name]
     for step in ("known", "known2"):
         assert run[f"acceptance_load_{step}"]["full"] <= 0.1
-        status = _one(run[f"status_load_{step}"])
+        status = one_record(run[f"status_load_{step}"])
         assert not status["in_sync"] and not status["sync_active"] and status["drafter_syncs"] == 0
         assert len(status["stale"]) == DRAFTER_TENSORS - SHARED
         assert "model.mtp_layers.1.input_proj.weight" in status["stale"] and "lm_head.weight" not in status["stale"]
-    assert _one(run["status_load_known2"])["target_syncs"] == 3
-    assert not _one(run["drafter_equals_known"])["model.mtp_layers.1.input_proj.weight"]
+    assert one_record(run["status_load_known2"])["target_syncs"] == 3
+    assert not one_record(run["drafter_equals_known"])["model.mtp_layers.1.input_proj.weight"]
 
 
 @pytest.mark.parametrize("name", [*WITH_SET, *WITHOUT_SET])
@@ -127,7 +118,7 @@ def test_a_framework_that_loads_the_drafter_itself_reads_in_sync(runs: dict[str,
     run = runs[name]
     assert run["sync_both_random"] == ["ok"] and run["sync_both_known"] == ["ok"]
     assert _by_range(run["acceptance_both_known"])
-    status = _one(run["status_both_known"])
+    status = one_record(run["status_both_known"])
     assert status["in_sync"] and status["stale"] == [] and status["drafter_syncs"] >= 1, status
 
 
@@ -137,7 +128,7 @@ def test_a_sync_without_the_mtp_layer_leaves_the_drafter_stale_and_says_so(runs:
     run = runs[name]
     assert run["sync_both_random2"] == ["ok"] and run["sync_target_part"] == ["ok"]
     assert run["acceptance_target_part"]["full"] <= 0.1
-    status = _one(run["status_target_part"])
+    status = one_record(run["status_target_part"])
     assert not status["in_sync"] and "model.mtp_layers.1.input_proj.weight" in status["stale"], status
 
 
@@ -147,7 +138,7 @@ def test_a_bare_load_weights_of_the_mtp_layer_syncs_the_drafter(runs: dict[str, 
     run = runs[name]
     assert run["sync_mtp_bare"] == ["ok"]
     assert _by_range(run["acceptance_mtp_bare"])
-    status = _one(run["status_mtp_bare"])
+    status = one_record(run["status_mtp_bare"])
     assert status["in_sync"] and status["stale"] == [] and status["source"] == "target load_weights", status
 
 
@@ -156,7 +147,7 @@ def test_without_the_set_a_bare_load_weights_leaves_the_drafter_stale(runs: dict
     """Without the set the same bare load_weights writes nothing the drafter uses: full at most 0.1, 11 stale."""
     run = runs[name]
     assert run["sync_mtp_bare"] == ["ok"] and run["acceptance_mtp_bare"]["full"] <= 0.1
-    status = _one(run["status_mtp_bare"])
+    status = one_record(run["status_mtp_bare"])
     assert not status["in_sync"] and len(status["stale"]) == DRAFTER_TENSORS - SHARED, status
 
 
@@ -167,7 +158,7 @@ def test_a_load_weights_sync_failing_in_the_drafter_says_so(runs: dict[str, Any]
     run = runs[name]
     (error,) = run["sync_load_bad"]
     assert error.startswith("PatchError:") and "drafter" in error and "stale" in error
-    status = _one(run["status_load_bad"])
+    status = one_record(run["status_load_bad"])
     assert not status["in_sync"] and status["stale_model"] == "drafter"
     assert "model.mtp_layers.1.input_proj.weight" in status["stale"]
     assert run["acceptance_load_bad"]["full"] == 1.0  # the drafter kept known's tensors from the sync before
