@@ -14,15 +14,12 @@ import torch
 from benchmarks import _model
 
 
-def forward_backward(model: Any, batch: dict[str, torch.Tensor]) -> float:
-    """Logits from the (patched) model, cross-entropy against the labels, backward; the loss."""
-    logits = model(
-        batch["input_ids"],
-        batch["position_ids"],
-        batch["attention_mask"],
-        labels=batch["labels"],
-        loss_mask=batch["loss_mask"],
-    )
+def forward_backward(model: Any, batch: dict[str, torch.Tensor], rl_mode: bool = False) -> float:
+    """Logits from the (patched) model, cross-entropy against the labels, backward; the loss. With ``rl_mode``,
+    upstream's own RL mode by hand (megatron-core 0.19.2+): ``labels=None`` and the loss mask shifted right
+    (aligned with ``input_ids``; upstream rolls it left with the labels it derives: the mask again)."""
+    labels, mask = (None, torch.roll(batch["loss_mask"], 1, -1)) if rl_mode else (batch["labels"], batch["loss_mask"])
+    logits = model(batch["input_ids"], batch["position_ids"], batch["attention_mask"], labels=labels, loss_mask=mask)
     loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch["labels"].reshape(-1))
     loss.backward()
     model.zero_grad(set_to_none=True)
@@ -76,20 +73,11 @@ def verl_step(model: Any, batch: dict[str, torch.Tensor]) -> Callable[[], float]
 
 
 def upstream_rl_mode_step(model: Any, batch: dict[str, torch.Tensor]) -> Callable[[], float]:
-    """A step on upstream's own RL mode by hand, no patch (megatron-core 0.19.2+): ``config.mtp_detach_heads`` set
-    once, ``labels=None`` and the loss mask shifted right (aligned with ``input_ids``), the loss on the logits."""
+    """A step on upstream's own RL mode by hand, no patch (megatron-core 0.19.2+; ``config.mtp_detach_heads`` set
+    once by the caller)."""
 
     def step() -> float:
-        mask_in = torch.roll(batch["loss_mask"], 1, -1)  # upstream rolls it left with the labels: the mask again
-        logits = model(
-            batch["input_ids"], batch["position_ids"], batch["attention_mask"], labels=None, loss_mask=mask_in
-        )
-        loss = torch.nn.functional.cross_entropy(
-            logits.float().reshape(-1, logits.shape[-1]), batch["labels"].reshape(-1)
-        )
-        loss.backward()
-        model.zero_grad(set_to_none=True)
-        return float(loss)
+        return forward_backward(model, batch, rl_mode=True)
 
     return step
 
