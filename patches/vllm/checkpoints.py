@@ -30,8 +30,9 @@ range's acceptance.
 ``arch="mimo"`` writes the same construction as a MiMo model (``MiMoForCausalLM``: Qwen2 layers, plain
 attention, not MLA; the MTP layer under ``model.mtp_layers.0.*``: ``token_layernorm``,
 ``hidden_layernorm``, ``input_proj``, ``final_layernorm`` and one Qwen2 decoder layer), for the paths a
-non-MLA model opens (a target ``load_weights`` inside vLLM's layerwise reload). Nothing heavy is imported at module import: torch, safetensors and
-tokenizers are imported by the writer only.
+non-MLA model opens (a target ``load_weights`` inside vLLM's layerwise reload).
+
+Nothing heavy is imported at module import: torch, safetensors and tokenizers are imported by the writer only.
 """
 
 from __future__ import annotations
