@@ -113,9 +113,7 @@ bench: $(STAMP) $(VLLM_CPU_STAMP)
 RELEASE ?= 0.18.2
 
 bench-release: bench-release-check $(STAMP) $(VLLM_CPU_STAMP)
-	@test -f .matrix/$(RELEASE)/.complete || { rm -rf .matrix/$(RELEASE) && \
-		$(PY) -m pip install -q --no-deps --target .matrix/$(RELEASE) megatron-core==$(RELEASE) && \
-		touch .matrix/$(RELEASE)/.complete; }
+	bash scripts/test-matrix.sh --overlay $(RELEASE)
 	PYTHONPATH=$(CURDIR)/.matrix/$(RELEASE) $(PY) -m benchmarks --out benchmarks/RESULTS-$(RELEASE).md
 
 bench-release-check:  # before any environment is built

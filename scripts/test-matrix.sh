@@ -4,6 +4,7 @@
 # release under test is an overlay (pip --no-deps --target .matrix/<ver>) put first on PYTHONPATH.
 #   0.13.1-0.16.1: .venv-py311 (Python 3.11, CPU torch; 0.15 JIT-builds a CUDA extension under a CUDA torch)
 #   0.17.1, 0.18.2: .venv (Python 3.12, the default lane's environment)
+# `scripts/test-matrix.sh --overlay <release>` only makes that release's overlay (for make bench-release).
 # Environment: MATRIX_RELEASES="0.17.1 0.18.2" to run a subset (0.19.2 runs on .venv without overlay),
 # MATRIX_OUT=<dir> for the logs and measurements (default .matrix),
 # PY311 / PY312 to use other interpreters, PYTEST_ARGS for extra pytest arguments.
@@ -75,6 +76,12 @@ run_release() {  # pytest for one release; prints nothing but pytest's tail, ret
 measured() {  # per model class: max abs diff of logits / MTP grads vs the reference, RL-mode parity, patches
     "$PY312" "$ROOT/scripts/matrix_summary.py" "$OUT/$1.measurements.jsonl" 2>/dev/null || echo "    -"
 }
+
+if [ "${1:-}" = "--overlay" ]; then  # only make the overlay of one release of .venv's Python (make bench-release)
+    [ -n "${2:-}" ] || { say "usage: scripts/test-matrix.sh --overlay <release>"; exit 2; }
+    ensure_overlay "$2" "$PY312" || { say "cannot install megatron-core==$2"; exit 1; }
+    exit 0
+fi
 
 case " $RELEASES " in *" 0.13."* | *" 0.14."* | *" 0.15."* | *" 0.16."*) ensure_py311 || exit 1 ;; esac
 
