@@ -22,7 +22,6 @@ import argparse
 import dataclasses
 import json
 import sys
-import threading
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -50,7 +49,14 @@ def pieces(layers: int) -> dict[str, Any]:
     import patchreg
     from benchmarks import _model
     from benchmarks._settings import Settings
-    from benchmarks._sides import _monkeypatch_cycle, _patchreg_cycle, installed_sites, targets_at
+    from benchmarks._sides import (
+        _engine_cycle,
+        _lock_cycle,
+        _monkeypatch_cycle,
+        _patchreg_cycle,
+        installed_sites,
+        targets_at,
+    )
     from benchmarks._timing import compare, looped
     from benchmarks.cycles import _after_a_step
     from patches.megatron import mtp_patched
@@ -60,36 +66,22 @@ def pieces(layers: int) -> dict[str, Any]:
     peer_model = _model.build(layers)
     with mtp_patched(model, detach_encoder=True) as report:
         installed = [entry.patch for entry in report.entries]
-    patch_set = mtp_patched(model, detach_encoder=True).patch_set
 
     engine_model = _model.build(layers)
-    registry = patchreg.registry
-    block = registry.patched(patch_set, engine_model)
+    engine = _engine_cycle(engine_model)
     for _ in range(4):  # from the third enter, the plan is used in one pass
-        with block:
-            pass
+        engine()
+    registry = patchreg.registry
     store = registry._installs
     plan = store.last
     if plan is None or plan.fast is None:
         raise SystemExit("block_pieces: the engine block did not reach its one-pass plan; nothing to split")
-
-    def engine() -> None:
-        with block:
-            pass
 
     def take_release() -> None:
         store.release(store.take_planned(registry, plan))
 
     def guard() -> None:
         plan.holds(engine_model)
-
-    lock = threading.RLock()
-
-    def lock_twice() -> None:
-        lock.acquire()
-        lock.release()
-        lock.acquire()
-        lock.release()
 
     sides: dict[str, Callable[[int], float]] = {
         "MonkeyPatch x3 + undo (like for like)": looped(
@@ -99,7 +91,7 @@ def pieces(layers: int) -> dict[str, Any]:
         "engine block": looped(engine),
         "store (take_planned + release)": looped(take_release),
         "guard": looped(guard),
-        "the lock twice": looped(lock_twice),
+        "the lock twice": looped(_lock_cycle(None)),
     }
     settings = dataclasses.replace(Settings(), after_steps=151)
     tight = compare(sides, number=300, repeat=31, warmup=2)

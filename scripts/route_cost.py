@@ -37,29 +37,30 @@ def route_cost(layers: int) -> None:
         with mtp_patched(model, detach_encoder=True):
             pass
 
-    def measure() -> float:
+    def measure(route: str) -> None:
+        """One round of ``route`` (its probe answer already in place): what it installs, and its cycle."""
         for _ in range(10):
             cycle()
         with mtp_patched(model, detach_encoder=True) as report:
-            installs[len(rounds["native route"]) > len(rounds["today's patches"])] = report.installed
-        return min(timeit.repeat(cycle, number=3000, repeat=7)) / 3000 * 1e6
+            installs[route] = report.installed
+        rounds[route].append(min(timeit.repeat(cycle, number=3000, repeat=7)) / 3000 * 1e6)
 
     probe = _native._rl_mode_probe
     rounds: dict[str, list[float]] = {"native route": [], "today's patches": []}
-    installs = [0, 0]  # the native route's, today's
+    installs: dict[str, int] = {}
     try:
         for _ in range(5):
             _native._rl_mode_probe = probe  # type: ignore[attr-defined]
             patchreg.refresh()
-            rounds["native route"].append(measure())
+            measure("native route")
             _native._rl_mode_probe = lambda: (False, "forced by scripts/route_cost.py")  # type: ignore[attr-defined]
             patchreg.refresh()
-            rounds["today's patches"].append(measure())
+            measure("today's patches")
     finally:
         _native._rl_mode_probe = probe  # type: ignore[attr-defined]
         patchreg.refresh()
     native, today = (statistics.median(v) for v in rounds.values())
-    n, t = installs
+    n, t = installs["native route"], installs["today's patches"]
     print(
         f"{layers} MTP layer(s): native route {native:.2f} µs ({n} installs), today's patches {today:.2f} µs "
         f"({t} installs), ratio {native / today:.3f}"
