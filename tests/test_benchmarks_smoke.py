@@ -25,6 +25,14 @@ def test_quick_benchmark_writes_the_table(tmp_path: Path) -> None:
         assert f"\n## {number}. " in text, f"section {number} is missing"
     assert "This section failed" not in text, text
     assert "enter + exit, mtp_patched" in text and "per-target cost" in text
+    shapes = text.split("\n## 7. ")[1].split("\n## ")[0]  # per shape: how many of the peers' sites are a module's
+    assert "| peers' sites on an nn.Module |" in shapes
+    rows = [row for row in shapes.splitlines() if row.startswith(("| GPTModel", "| HybridModel"))]
+    assert rows, shapes
+    for row in rows:  # the model's forward, at least, is an nn.Module's attribute on every route
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        on_modules, of = cells[2].split(" of ")
+        assert of == cells[1] and 1 <= int(on_modules) <= int(of), row
 
 
 def test_cachesim_reads_callgrind_totals_and_renders_the_ratio() -> None:
