@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from patchreg._api import apply, patched, registry, revert
 from patchreg._bootstrap import bootstrap, ray_runtime_env
 from patchreg._disable import essential
 from patchreg._drift import Drift, Verified, body_fingerprint, drift
+from patchreg._ledger import Report
 from patchreg._predicates import (
     Answer,
     Predicate,
@@ -20,8 +20,7 @@ from patchreg._predicates import (
     requires,
 )
 from patchreg._records import ABSENT, Backup, Installed, Patch, PatchSet
-from patchreg._registry import Checkpoint, Explanation, Patched, Registry, decorate
-from patchreg._stacks import Report
+from patchreg._registry import Checkpoint, Explanation, Patched, Registry, apply, decorate, patched, registry, revert
 from patchreg._targets import Selector
 from patchreg.exceptions import (
     PatchConflictError,

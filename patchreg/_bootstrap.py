@@ -14,11 +14,11 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from patchreg._api import registry
 from patchreg._disable import ENV_DISABLE, is_disabled, is_essential, names
 from patchreg._discovery import Discovery, discover
+from patchreg._ledger import Report
 from patchreg._records import PatchSet
-from patchreg._stacks import Report
+from patchreg._registry import registry
 from patchreg.exceptions import PatchDefinitionError, PatchError
 
 __all__ = [

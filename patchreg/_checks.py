@@ -1,4 +1,5 @@
-"""Patchability, compatibility and release checks, and their messages: each refuses before any change."""
+"""Where a patch can go and what refuses it: its sites on an object, patchability and mapping checks, skips and
+their messages; each refuses before any change, and writes nothing."""
 
 from __future__ import annotations
 
@@ -9,31 +10,31 @@ import types
 from collections.abc import Iterable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from patchreg._disable import REASON as DISABLED
-from patchreg._namespace import ABSENT, environ_problem, label, same, stored_value
-from patchreg._targets import class_attr
+from patchreg._namespace import ABSENT, environ_problem, label, own_value, same, stored_value
+from patchreg._predicates import DISABLED_REASON as DISABLED
+from patchreg._targets import ImportPath, Miss, Site, class_attr
 from patchreg.exceptions import (
-    PatchConflictError,
     PatchDefinitionError,
     PatchError,
-    PatchOwnershipError,
     TargetNotFoundError,
     UnpatchableTargetError,
 )
 
 if TYPE_CHECKING:
     from patchreg._records import Patch
-    from patchreg._stacks import Layer, Report, Stack
 
 __all__ = [
-    "check_compatible",
     "check_mapping",
     "check_patchable",
-    "check_release",
+    "covered",
+    "locate",
     "name_patch",
     "needed",
+    "not_ours",
     "report_skips",
-    "to_release",
+    "resolve",
+    "stored_another",
+    "warn_not_found",
 ]
 
 log = logging.getLogger("patchreg")
@@ -64,7 +65,8 @@ def check_patchable(patch: Patch, holder: Any, attr: Any) -> None:
 
 
 def check_mapping(patch: Patch, mapping: Any) -> None:
-    """An item patch's target must hold a mutable mapping (a dict, ``os.environ``)."""
+    """An item patch's target must hold a mutable mapping (a dict, ``os.environ``); whatever reaches ``os.environ``
+    (by any import path) must be a valid name and str value there, and a ``prepend=`` joins only onto a str."""
     if not isinstance(mapping, MutableMapping):
         msg = (
             f"Cannot set key {patch.key!r} of {str(patch.where)!r} (patch {patch.name!r}): it holds a "
@@ -72,8 +74,29 @@ def check_mapping(patch: Patch, mapping: Any) -> None:
             "point the target at one."
         )
         raise UnpatchableTargetError(msg, patch=patch, target=patch.target)
-    if mapping is os.environ and patch.kind != "dict":  # (a dict patch's keys and values are checked at definition)
-        problem = environ_problem(patch.key, "" if patch.kind == "delete" else patch.replacement)
+    if mapping is os.environ:
+        _check_environ(patch)
+    if patch.prepend is not None:
+        there = mapping.get(patch.key, ABSENT)
+        if there is not ABSENT and not isinstance(there, str):
+            msg = (
+                f"Cannot prepend to {patch.where!s}[{patch.key!r}] (patch {patch.name!r}): it holds "
+                f"{there!r}, not a str, so joining {patch.replacement!r} in front of it with {patch.prepend!r} "
+                "would drop it; give a str there, or set the value without prepend=."
+            )
+            raise UnpatchableTargetError(msg, patch=patch, target=patch.target)
+
+
+def _check_environ(patch: Patch) -> None:
+    """Every key and value a patch writes into ``os.environ`` obeys ``os.putenv``'s rules (which would raise a bare
+    ValueError or OSError), whatever import path reached it."""
+    if patch.kind == "dict":
+        pairs = list(patch.replacement.items())
+    else:
+        value = "" if patch.kind == "delete" else patch.replacement
+        pairs = [(patch.key, value if patch.prepend is None else f"{value}{patch.prepend}")]
+    for key, value in pairs:
+        problem = environ_problem(key, value)
         if problem is not None:
             msg = f"Patch {patch.name!r} on {str(patch.where)!r}: {problem}; give os.environ a valid name and a str value."
             raise PatchDefinitionError(msg, patch=patch, target=patch.target)
@@ -110,45 +133,55 @@ def _callable_raw(raw: Any) -> bool:
     return callable(raw) or isinstance(raw, (staticmethod, classmethod))
 
 
-def check_compatible(patch: Patch, stack: Stack, other: Patch | None = None, where: str = "") -> None:
-    """Two replaces on one attribute conflict; a replace over wraps would discard them.
-
-    ``other`` is the patch on top (default: this registry's top layer on ``stack``); ``where`` names its registry.
-    """
-    if patch.kind == "wrap":
-        return
-    if other is None:
-        if not stack.layers:
-            return
-        other = stack.layers[-1].patch
-    if other.kind != "wrap":
-        what = f"also replaces {stack.where}"
-    else:
-        what = f"wraps {stack.where}, and a replace installed over it would discard that wrapper"
-    msg = (
-        f"Patch {patch.name!r} replaces {stack.where}, but patch {other.name!r}{where} {what}; "
-        "revert one of them first, or make one a kind='wrap' patch (wraps stack)."
-    )
-    raise PatchConflictError(msg, patch=patch, target=patch.target)
-
-
-def stored_another(patch: Patch, stack: Stack, stored: Any, original: Any) -> UnpatchableTargetError:
-    """The refusal of an install whose write stored ``stored`` instead of the replacement (a custom ``__setattr__``
-    or ``__setitem__``), put back since (``original``)."""
-    kind = stack.kind
+def stored_another(
+    patch: Patch, where: str, kind: str, stored: Any, original: Any, back: Any
+) -> UnpatchableTargetError:
+    """The refusal of an install on ``where`` whose write stored ``stored`` instead of the replacement (a custom
+    ``__setattr__`` or ``__setitem__``), put back since (to ``original``; ``back``: what is there now)."""
     how = "a custom __setitem__" if kind == "item" else "a custom __setattr__"
-    back = stack.current()
     after = (
         "Nothing was changed"
         if same(kind, back, original)
         else f"It now holds {back!r}, which putting back the original {original!r} stored; check it"
     )
     msg = (
-        f"Cannot patch {stack.where} (patch {patch.name!r}): setting it stored {stored!r} instead "
+        f"Cannot patch {where} (patch {patch.name!r}): setting it stored {stored!r} instead "
         f"of the replacement ({how}), so patchreg could not tell its install from someone "
         f"else's or restore exactly. {after}; patch the code that uses it instead."
     )
     return UnpatchableTargetError(msg, patch=patch, target=patch.target)
+
+
+def covered(name: str, where: str, over: tuple[str, bool] | None) -> str:
+    """Why patch ``name``'s install on ``where`` cannot be released: ``over`` (its name, and whether it is another
+    registry's) was installed over it."""
+    if over is None:  # (not on its stack any more: cannot happen for a live layer)
+        return f"Cannot revert patch {name!r} on {where}: it is no longer installed there. Nothing was changed."
+    top, foreign = over
+    if foreign:
+        return (
+            f"Cannot revert patch {name!r} on {where}: patch {top!r} was installed over it through another "
+            "registry; revert that one first (reverse order of applying). Nothing was changed."
+        )
+    return (
+        f"Cannot revert patch {name!r} on {where} before patch {top!r}, which was installed over it; "
+        "revert in reverse order of applying (exit the inner block first). Nothing was changed."
+    )
+
+
+def not_ours(name: str, where: str, current: Any) -> str:
+    """Why patch ``name``'s top install on ``where`` cannot be released: what it holds now (``current``) is neither
+    what it installed nor its original."""
+    if current is ABSENT:
+        return (
+            f"Cannot revert patch {name!r} on {where}: the attribute was deleted meanwhile (not by patchreg), so "
+            f"putting the original back would undo that deletion. Put it back yourself (patch.backup.get(holder) "
+            "is the original) or re-create the attribute, then revert again; nothing was changed."
+        )
+    return (
+        f"Cannot revert patch {name!r} on {where}: the attribute now holds {current!r}, not what patchreg "
+        "installed (someone patched over it). Undo that patch first; nothing was changed."
+    )
 
 
 def name_patch(exc: PatchError, patch: Patch) -> None:
@@ -160,72 +193,6 @@ def name_patch(exc: PatchError, patch: Patch) -> None:
             add_note(f"(while applying patch {patch.name!r}, target {str(patch.where)!r})")
     if exc.target is None:
         exc.target = patch.target
-
-
-def to_release(ledger: Report) -> list[Layer]:
-    """The live layers ``ledger`` still holds a user of, in release order (last taken first)."""
-    taken = ledger.layers
-    return [la for la in reversed(taken[: len(taken) - ledger.unwound]) if la.count > 0 and la.stack.ref() is not None]
-
-
-def check_release(layers: list[Layer]) -> None:
-    """Verify every uninstall in ``layers`` can happen, in order, before any of them does."""
-    counts: dict[Layer, int] = {}
-    tops: dict[Stack, list[Layer]] = {}
-    for layer in layers:
-        have = counts.get(layer, layer.count)
-        if have <= 0:  # its users were released already (e.g. by revert(patch)): _release skips it too
-            continue
-        left = counts[layer] = have - 1
-        if left > 0:
-            continue
-        stack = layer.stack
-        dependents = stack.dependents
-        if dependents is not None and layer in dependents:
-            live = [u for u in dependents[layer] if u.count > 0 and u.stack.ref() is not None]
-            for upper in live:
-                if counts.get(upper, upper.count) > 0:  # not released earlier in this same batch
-                    how = (
-                        "through another registry"
-                        if upper.stack.ref() is stack.ref()
-                        else f"on {upper.stack.label}, which wraps it"
-                    )
-                    msg = (
-                        f"Cannot revert patch {layer.patch.name!r} on {stack.where}: patch "
-                        f"{upper.patch.name!r} was installed over it {how}; revert that one first (reverse order "
-                        "of applying). Nothing was changed."
-                    )
-                    raise PatchOwnershipError(msg, patch=layer.patch, target=layer.patch.target)
-        order = tops.get(stack)
-        if order is None:
-            order = tops[stack] = stack.layers[:]
-            current = stack.current()
-            if order[-1] is layer and not layer.releasable(current):
-                raise PatchOwnershipError(_not_ours(layer, current), patch=layer.patch, target=layer.patch.target)
-        if order[-1] is not layer:
-            msg = (
-                f"Cannot revert patch {layer.patch.name!r} on {stack.where} before patch "
-                f"{order[-1].patch.name!r}, which was installed over it; revert in reverse order of applying "
-                "(exit the inner block first). Nothing was changed."
-            )
-            raise PatchOwnershipError(msg, patch=layer.patch, target=layer.patch.target)
-        order.pop()
-
-
-def _not_ours(layer: Layer, current: Any) -> str:
-    """Why the top layer cannot be released: what the attribute holds now is neither its install nor its original."""
-    stack, name = layer.stack, layer.patch.name
-    where = f"{stack.where}"
-    if current is ABSENT:
-        return (
-            f"Cannot revert patch {name!r} on {where}: the attribute was deleted meanwhile (not by patchreg), so "
-            f"putting the original back would undo that deletion. Put it back yourself (patch.backup.get(holder) "
-            "is the original) or re-create the attribute, then revert again; nothing was changed."
-        )
-    return (
-        f"Cannot revert patch {name!r} on {where}: the attribute now holds {current!r}, not what patchreg "
-        "installed (someone patched over it). Undo that patch first; nothing was changed."
-    )
 
 
 def needed(patch: Patch) -> bool:
@@ -273,3 +240,75 @@ def report_skips(name: str, skipped: list[tuple[str, str]], strict: bool, patche
     msg = f"Patch set {name!r} applied with strict=True, but {len(skipped)} patch(es) would be skipped: {lines}."
     first = by_name.get(skipped[0][0])  # the error is about the first of them (the message names all)
     raise TargetNotFoundError(msg, patch=first, target=None if first is None else first.target)
+
+
+def locate(patch: Patch, obj: Any) -> list[Site] | Miss:
+    """Where ``patch`` installs on ``obj``: its target's sites (absent ones too with ``create``); for an item patch,
+    ``(mapping, key)`` for each mapping the target names. A deletion's sites must each hold what it deletes in their
+    own namespace (or mapping), or be held deleted by this patch already (a second user shares it): else there is
+    nothing to delete, a skip."""
+    if not patch.is_item:
+        if patch.kind != "delete":
+            return patch.where.resolve(obj, create=patch.create)
+        found = patch.where.resolve(obj, create=True)
+        if isinstance(found, Miss):
+            return found
+        for holder, attr in found:
+            if own_value(holder, attr) is ABSENT and not _held(patch, holder, attr):
+                return Miss(_nothing_there(patch, holder, attr))
+        return found
+    found = patch.where.resolve(obj)
+    if isinstance(found, Miss):
+        return found
+    sites: list[Site] = []
+    for holder, attr in found:
+        mapping = getattr(holder, attr)
+        check_mapping(patch, mapping)
+        if patch.kind == "dict":  # every key it sets, then (clear=True) every other key there now or cleared by it
+            keys = list(patch.replacement)
+            if patch.clear:
+                keys += [k for k in list(mapping) if k not in patch.replacement]
+                keys += [
+                    la.stack.attr
+                    for la in patch.backup.layers()
+                    if la.stack.ref() is mapping and la.stack.attr not in keys
+                ]
+            sites.extend(Site(mapping, key) for key in keys)
+            continue
+        if not patch.create and patch.key not in mapping and not _held(patch, mapping, patch.key):
+            if patch.kind == "delete":
+                return Miss(f"{patch.where}[{patch.key!r}] is not set: nothing to delete")
+            return Miss(
+                f"{patch.where}[{patch.key!r}] is not set; pass create=True to set it for the patch "
+                "(deleted again on revert)"
+            )
+        sites.append(Site(mapping, patch.key))
+    return sites
+
+
+def _held(patch: Patch, holder: Any, attr: Any) -> bool:
+    """Whether ``patch`` has a live install on ``holder``'s ``attr`` (a deletion a second user may share)."""
+    return any(la.stack.ref() is holder and la.stack.attr == attr for la in patch.backup.layers())
+
+
+def _nothing_there(patch: Patch, holder: Any, attr: str) -> str:
+    """Why a deletion has nothing to delete on ``holder``: the attribute is absent, or not its own."""
+    try:
+        getattr(holder, attr)
+    except Exception:  # AttributeError: absent; anything else: not there to delete either
+        where = patch.where if isinstance(patch.where, ImportPath) else f"{label(holder)}.{attr}"
+        return f"{where} does not exist: nothing to delete"
+    return (
+        f"{label(holder)}.{attr} is not in its own namespace (inherited, served by __getattr__, or an instance "
+        "without a __dict__): nothing to delete there; point the patch at the class or module that holds it"
+    )
+
+
+def resolve(patch: Patch, obj: Any) -> list[Site] | str:
+    """The sites of ``patch`` on ``obj``, checked patchable; a string says why there are none."""
+    found = locate(patch, obj)
+    if isinstance(found, Miss):
+        return found.reason
+    for holder, attr in found:
+        check_patchable(patch, holder, attr)
+    return found

@@ -6,7 +6,7 @@ resolution (an apply, a block's first enter, a lazy patch at its import, the boo
 with the reason :data:`REASON`, and ``explain`` and ``doctor`` say so. A plan remembers that skip as
 it remembers a predicate's, so a block's planned enter pays nothing for it.
 
-The variable is read when patchreg is imported and again by :func:`patchreg.refresh` (which also drops
+The variable is read when patchreg is imported and again after :func:`patchreg.refresh` (which also drops
 every plan): nothing reads it per apply. A patch declared :func:`essential` to its sets (``mtp_patched``
 cannot do without its ``_postprocess``) is not skipped: an apply that would install it refuses instead,
 naming the variable, rather than silently running upstream's code.
@@ -17,46 +17,34 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 
-from patchreg._predicates import Answer, on_refresh
+from patchreg._predicates import DISABLED_REASON, ENV_DISABLE, Answer, disabled_names, read_disabled
 from patchreg._records import Patch
 from patchreg.exceptions import PatchDefinitionError, PatchError
 
 __all__ = ["ENV_DISABLE", "REASON", "essential", "is_disabled", "is_essential", "names", "off", "read"]
 
-#: The environment variable naming the patches and sets never installed in this process.
-ENV_DISABLE = "PATCHREG_DISABLE"
 #: The skip reason of a disabled patch, in reports, ``explain`` and ``doctor``.
-REASON = f"disabled by {ENV_DISABLE}"
+REASON = DISABLED_REASON
 SKIP = Answer(False, REASON, needed=False)  # an operator's decision, not something missing here
 
 _ESSENTIAL: dict[int, Patch] = {}  # by identity: the patches a set cannot run without
-_names: frozenset[str] = frozenset()
 _NONE: frozenset[int] = frozenset()
 
 
 def read(environ: Mapping[str, str] | None = None) -> frozenset[str]:
     """The names in ``PATCHREG_DISABLE`` (of ``environ``, default ``os.environ``), stripped, empty ones dropped."""
-    env = os.environ if environ is None else environ
-    return frozenset(n for n in (s.strip() for s in env.get(ENV_DISABLE, "").split(",")) if n)
-
-
-def _reread() -> None:
-    global _names
-    _names = read()
-
-
-_reread()
-on_refresh(_reread)  # patchreg.refresh() re-reads the variable; the plans (their remembered skips) go with it
+    return read_disabled(environ)
 
 
 def names() -> frozenset[str]:
-    """The names this process read from ``PATCHREG_DISABLE`` (at import, or at the last ``refresh()``)."""
-    return _names
+    """The names this process read from ``PATCHREG_DISABLE`` (when patchreg was imported, or at the last
+    ``refresh()``, which also makes the plans that remember its skips stale)."""
+    return disabled_names()
 
 
 def is_disabled(set_name: str, patch: Patch) -> bool:
     """Whether ``PATCHREG_DISABLE`` names ``patch`` of the set ``set_name``: ``set.patch``, ``patch`` or ``set``."""
-    disabled = _names
+    disabled = names()
     return bool(disabled) and (patch.name in disabled or set_name in disabled or f"{set_name}.{patch.name}" in disabled)
 
 
@@ -67,7 +55,7 @@ def off(set_name: str, patches: Iterable[Patch]) -> frozenset[int]:
     Raises :class:`PatchError` naming the variable when one of them is :func:`essential`: the apply
     refuses rather than install the rest without it.
     """
-    if not _names:
+    if not names():
         return _NONE
     found = [p for p in patches if is_disabled(set_name, p)]
     for patch in found:

@@ -12,16 +12,14 @@ from typing import Any
 
 import attrs
 
-from patchreg._checks import check_compatible, check_patchable
+from patchreg._checks import check_patchable, locate
 from patchreg._disable import REASON, is_disabled, off
 from patchreg._format import WIDTH, table
-from patchreg._lazy import awaited
-from patchreg._namespace import label, own_value
-from patchreg._plans import locate
+from patchreg._ledger import entry
+from patchreg._namespace import label
 from patchreg._predicates import distributions, provider
 from patchreg._records import Installed, Patch
-from patchreg._stacks import entry, stack_key
-from patchreg._store import LOCK, Store
+from patchreg._state import LOCK, STACKS, Book, awaited, check_compatible
 from patchreg._targets import Miss, Selector, Site, identity
 from patchreg.exceptions import PatchConflictError, PatchError, UnpatchableTargetError
 
@@ -40,21 +38,19 @@ class Explanation:
         return f"explain {self.name!r}:\n" + table(("patch", "holder", "would", "why"), self.rows, width=WIDTH)
 
 
-def explain(installs: Store, name: str, patches: tuple[Patch, ...], obj: Any) -> Explanation:
-    """What applying ``patches`` on ``obj`` through ``installs``' registry would do now, without doing it."""
+def explain(book: Book, name: str, patches: tuple[Patch, ...], obj: Any) -> Explanation:
+    """What applying ``patches`` on ``obj`` through ``book``'s registry would do now, without doing it."""
     rows: list[tuple[str, str, str, str]] = []
     try:
         disabled = off(name, patches)  # PATCHREG_DISABLE: skipped, as an apply skips them
     except PatchError as exc:  # an essential patch is disabled: the apply would refuse
         return Explanation(name, tuple((p.name, "-", "error", str(exc)) for p in patches if is_disabled(name, p)))
     for patch in patches:
-        rows.extend(
-            [(patch.name, "-", "skip", REASON)] if id(patch) in disabled else _explain_one(installs, patch, obj)
-        )
+        rows.extend([(patch.name, "-", "skip", REASON)] if id(patch) in disabled else _explain_one(book, patch, obj))
     return Explanation(name, tuple(rows))
 
 
-def _explain_one(installs: Store, patch: Patch, obj: Any) -> list[tuple[str, str, str, str]]:
+def _explain_one(book: Book, patch: Patch, obj: Any) -> list[tuple[str, str, str, str]]:
     answer = patch.when.evaluate()
     if not answer.ok:
         return [(patch.name, "-", "skip", answer.reason)]
@@ -72,7 +68,7 @@ def _explain_one(installs: Store, patch: Patch, obj: Any) -> list[tuple[str, str
     if isinstance(found, Miss):
         return [(patch.name, "-", "skip", found.reason)]
     paths = _paths(patch.where, obj, patch.is_item)
-    return [(patch.name, _where(patch, hit, paths), *_would_do(installs, patch, hit)) for hit in found]
+    return [(patch.name, _where(patch, hit, paths), *_would_do(book, patch, hit)) for hit in found]
 
 
 def _where(patch: Patch, hit: Site, paths: dict[int, str]) -> str:
@@ -107,46 +103,44 @@ def _paths(where: object, obj: Any, items: bool = False) -> dict[int, str]:
         return {}
 
 
-def name_stacks(installs: Store, obj: Any) -> None:
-    """Name the instance stacks created since the last call by their holder's path from ``obj`` (outside the lock).
-
-    A stack keeps the name of the apply that created it: ``model.mtp.layers[0]``, ``chunks[1].module``; the stack of
-    an item on an object's mapping, the mapping's (``model.extra``).
-    """
-    stacks = installs.take_unnamed()
+def name_stacks(book: Book, obj: Any) -> None:
+    """Name the instance stacks ``book``'s resolutions made since the last call by their holder's path from ``obj``
+    (outside the lock). A stack keeps the name of the apply that made it: ``model.mtp.layers[0]``, ``chunks[1].module``;
+    the stack of an item on an object's mapping, the mapping's (``model.extra``)."""
+    stacks = book.take_unnamed()
     found: dict[tuple[int, bool], dict[int, str]] = {}
     for stack in stacks:
         holder = stack.ref()
-        if holder is None or not stack.layers:
+        if holder is None:
             continue
-        patch = stack.layers[0].patch
-        key = (id(patch.where), patch.is_item)
-        paths = found.get(key)
-        if paths is None:
-            paths = found[key] = _paths(patch.where, obj, key[1])
-        installs.set_path(stack, paths.get(identity(holder)))
+        for patch in _patches_on(stack):
+            key = (id(patch.where), patch.is_item)
+            paths = found.get(key)
+            if paths is None:
+                paths = found[key] = _paths(patch.where, obj, key[1])
+            if identity(holder) in paths:
+                book.set_path(stack, paths[identity(holder)])
+                break
 
 
-def _would_do(installs: Store, patch: Patch, hit: Site) -> tuple[str, str]:
+def _patches_on(stack: Any) -> list[Patch]:
+    """The patches installed on ``stack``, whose targets name its holder."""
+    return [la.patch for la in stack.layers]
+
+
+def _would_do(book: Book, patch: Patch, hit: Site) -> tuple[str, str]:
     """``(what, why)``: what an apply would do on one holder: share, install, conflict or error."""
     with LOCK:
-        key = stack_key(patch, hit.holder, hit.attr)
-        stack = installs.stacks.get(key)
-        mine = stack is not None and stack.ref() is hit.holder
-        if mine:
-            for layer in stack.layers:  # type: ignore[union-attr]
-                if layer.patch is patch:
-                    return "share", f"already installed (count {layer.count}); {_reason(patch)}"
-        layers = stack.layers if mine else []  # type: ignore[union-attr]
-        current = own_value(hit.holder, hit.attr, "item" if patch.is_item else "")
-        below = installs.foreign_top(key, layers, hit.holder, current)
-        try:
-            if mine:
-                check_compatible(patch, stack)  # type: ignore[arg-type]
-            if below is not None and below[2].patch is not patch:
-                check_compatible(patch, below[1], below[2].patch, f" (in registry {below[0].name!r})")
-        except PatchConflictError as exc:
-            return "conflict", str(exc)
+        stack = STACKS.get((identity(hit.holder), ("[]", hit.attr) if patch.is_item else hit.attr))
+        layers = stack.layers if stack is not None and stack.ref() is hit.holder else []
+        for layer in layers:
+            if layer.patch is patch and layer.owner is book:
+                return "share", f"already installed (count {layer.count}); {_reason(patch)}"
+        if layers:
+            try:
+                check_compatible(patch, stack, book)  # type: ignore[arg-type]
+            except PatchConflictError as exc:
+                return "conflict", str(exc)
     try:
         check_patchable(patch, hit.holder, hit.attr)
     except UnpatchableTargetError as exc:
@@ -159,44 +153,42 @@ def _reason(patch: Patch) -> str:
     return patch.when.evaluate().reason
 
 
-def active(installs: Store) -> tuple[Installed, ...]:
+def active(book: Book) -> tuple[Installed, ...]:
     """Copies of every active install, in install order per attribute, then the lazy patches waiting."""
     with LOCK:
-        installs.purge()
-        live = [entry(la) for la in installs.live_layers()]
-        return (*live, *(p.entry() for p in installs.pending))
+        live = [entry(la) for la in book.live_layers()]
+        return (*live, *(e for p in book.pending for e in p.entries()))
 
 
-def summary(installs: Store) -> str:
+def summary(book: Book) -> str:
     """A table of active installs, no wider than 100 columns: patch, holder (and attribute), count, state, since.
 
     The holder reads as a path from the object the installing apply was given (``model.mtp.layers[0]``)
     or a dotted name; each install's target string is in :meth:`Registry.active`'s records.
     """
     now = time.time()
-    entries = active(installs)
+    entries = active(book)
     rows = [(e.patch, e.where, str(e.count), e.state, f"{now - e.since:.1f}s ago") for e in entries]
     if not rows:
-        return f"registry {installs.name!r}: nothing active"
+        return f"registry {book.name!r}: nothing active"
     pending = sum(1 for e in entries if e.state == "pending")
     counts = f"{len(rows) - pending} active install(s)" + (f", {pending} pending (lazy)" if pending else "")
     keep = min(max(len(r[0]) for r in rows), 30)  # patch names stay whole; the holder wraps at its dots
     headers = ("patch", "holder", "count", "state", "since")
-    return f"registry {installs.name!r}: {counts}\n" + table(headers, rows, width=WIDTH, floors=(keep, 0, 0, 0, 0))
+    return f"registry {book.name!r}: {counts}\n" + table(headers, rows, width=WIDTH, floors=(keep, 0, 0, 0, 0))
 
 
-def fingerprint(installs: Store) -> str:
+def fingerprint(book: Book) -> str:
     """A stable digest of :func:`fingerprint_lines`: equal in two processes with the same patches active."""
-    return hashlib.sha256("\n".join(fingerprint_lines(installs)).encode()).hexdigest()[:16]
+    return hashlib.sha256("\n".join(fingerprint_lines(book)).encode()).hexdigest()[:16]
 
 
-def fingerprint_lines(installs: Store) -> list[str]:
+def fingerprint_lines(book: Book) -> list[str]:
     """What the fingerprint digests, sorted: installs (no ids, paths or times), predicate answers, versions."""
     with LOCK:
-        installs.purge()
-        layers = installs.live_layers()
+        layers = book.live_layers()
         lines = [_install_line(entry(la), _kind_of(la.stack)) for la in layers]
-        lines += [_install_line(e, e.holder) for e in (p.entry() for p in installs.pending)]
+        lines += [_install_line(e, e.holder) for p in book.pending for e in p.entries()]
         patches = {la.patch for la in layers}
     facts: set[str] = set()
     for patch in patches:

@@ -7,7 +7,10 @@ descriptors). ``kind`` is where the attribute lives: ``"module"``, ``"class"`` o
 
 from __future__ import annotations
 
+import functools
+import os
 import types
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import wrapt
@@ -16,13 +19,15 @@ from patchreg._targets import class_attr
 
 __all__ = [
     "ABSENT",
-    "bind_like",
+    "binding",
     "build",
+    "checked_writes",
     "environ_problem",
     "holder_kind",
     "label",
     "own_value",
     "put_back",
+    "reorder",
     "same",
     "stored_value",
     "write",
@@ -63,6 +68,19 @@ def holder_kind(holder: Any) -> str:
     return "class" if isinstance(holder, type) else "instance"
 
 
+def checked_writes(kind: str, holder: Any) -> bool:
+    """Whether a write to ``holder``'s ``kind`` namespace must be read back: one through a mapping's ``__setitem__``,
+    a module class's or a metaclass's ``__setattr__`` may store another object (an instance's own dict is written
+    directly, a plain module's and a plain class's through ``setattr`` as they are)."""
+    if kind == "instance":
+        return False
+    if kind == "module":
+        return type(holder) is not types.ModuleType
+    if kind == "class":
+        return type(holder).__setattr__ is not type.__setattr__  # type: ignore[comparison-overlap]
+    return True
+
+
 def label(holder: Any) -> str:
     """How messages and tables name a holder: a module's name, a class's dotted name, ``Type@0xaddr``."""
     if isinstance(holder, types.ModuleType):
@@ -73,10 +91,12 @@ def label(holder: Any) -> str:
 
 
 def own_value(holder: Any, attr: Any, kind: str = "") -> Any:
-    """What ``holder``'s own namespace stores for ``attr`` (``ABSENT`` if nothing); ``kind="item"``: the mapping's item."""
+    """What ``holder``'s own namespace stores for ``attr`` (``ABSENT`` if nothing, or if it has no namespace of its
+    own: ``__slots__``); ``kind="item"``: the mapping's item."""
     if kind == "item":
         return holder.get(attr, ABSENT)
-    return vars(holder).get(attr, ABSENT)
+    ns = getattr(holder, "__dict__", None)
+    return ns.get(attr, ABSENT) if isinstance(ns, Mapping) else ABSENT
 
 
 def same(kind: str, a: Any, b: Any) -> bool:
@@ -98,54 +118,87 @@ def stored_value(holder: Any, attr: str) -> Any:
     return value if value is not ABSENT else class_attr(type(holder), attr, ABSENT)
 
 
-def build(
-    replacement: Any, how: str, kind: str, holder: Any, attr: Any, original: Any, prepend: str | None = None
-) -> Any:
-    """The object to install for a patch of kind ``how``: a value or an item as it is (``prepend``: in front of the
-    str there, joined by it), a replacement bound or re-wrapped as needed, a FunctionWrapper for a wrap."""
+def binding(
+    how: str, replacement: Any, kind: str, holder: Any, attr: Any, original: Any, prepend: str | None = None
+) -> tuple[Any, Callable[[Any], Any] | None]:
+    """How a patch of kind ``how`` makes what it installs over ``original``: the one rule of binding.
+
+    ``(value, None)``: install ``value`` as it is (a value or an item, ``prepend``-ed in front of the str there; a
+    replacement adapted to the class attribute it shadows; a FunctionWrapper of a module's or class's function);
+    ``(None, make)``: ``make(holder)`` builds it at each install (a function bound to an instance, a wrap of what the
+    instance gets), so that nothing kept for later installs holds the instance. A plan keeps the answer for later
+    installs over the same original; ``ABSENT`` as the value deletes (a delete patch, a key a dict patch clears).
+    """
     if how == "delete":
-        return ABSENT
+        return ABSENT, None
     if how == "dict":  # one key of a whole-mapping patch: its value, or absent (a key cleared)
-        return replacement.get(attr, ABSENT)  # what the attribute (or key) holds while the patch is applied: nothing
+        return replacement.get(attr, ABSENT), None
     if how in ("value", "item"):
-        if prepend is not None and isinstance(original, str):
-            return replacement + prepend + original
-        return replacement
+        if prepend is not None and original is not ABSENT:  # (a value that is not a str was refused before)
+            return replacement + prepend + original, None
+        return replacement, None
     if how == "wrap":
         if kind == "instance":
-            return wrapt.FunctionWrapper(getattr(holder, attr), replacement)
-        return wrapt.FunctionWrapper(stored_value(holder, attr), replacement)
-    value: Any = replacement
+            return None, functools.partial(_wrap_own, attr, replacement)
+        return wrapt.FunctionWrapper(stored_value(holder, attr), replacement), None
     if kind == "instance":
-        return bind_like(value, holder, attr, original)
+        return _bind_like(replacement, holder, attr, original)
+    value: Any = replacement
     if kind == "class":
         raw = class_attr(holder, attr, ABSENT)
         if isinstance(value, types.FunctionType) and isinstance(raw, (staticmethod, classmethod)):
-            return type(raw)(value)
+            return type(raw)(value), None
         set_name = getattr(type(value), "__set_name__", None)
         if set_name is not None:  # as class creation would (cached_property needs it)
             set_name(value, holder, attr)
-    return value
+    return value, None
 
 
-def bind_like(value: Any, holder: Any, attr: str, original: Any) -> Any:
-    """Bind ``value`` to ``holder`` the way the attribute it shadows is bound (method, static, class)."""
+def build(
+    how: str, replacement: Any, kind: str, holder: Any, attr: Any, original: Any, prepend: str | None = None
+) -> Any:
+    """What a patch of kind ``how`` installs on ``holder`` over ``original`` now (:func:`binding`, made)."""
+    value, make = binding(how, replacement, kind, holder, attr, original, prepend)
+    return value if make is None else make(holder)
+
+
+def _wrap_own(attr: str, wrapper: Any, holder: Any) -> Any:
+    """A wrap of what ``holder.attr`` gives (its class's function bound to it, or its own)."""
+    return wrapt.FunctionWrapper(getattr(holder, attr), wrapper)
+
+
+def _read_own(attr: str, holder: Any) -> Any:
+    """What ``holder``'s own namespace stores for ``attr``: the very object installed again."""
+    return vars(holder)[attr]
+
+
+def _get(value: Any, holder: Any) -> Any:
+    return value.__get__(holder, type(holder))
+
+
+def _bind_like(value: Any, holder: Any, attr: str, original: Any) -> tuple[Any, Callable[[Any], Any] | None]:
+    """:func:`binding` on an instance: ``value`` bound to it the way the attribute it shadows is bound (method,
+    static, class)."""
     cls = type(holder)
+    binds = hasattr(value, "__get__")
+    make: Callable[[Any], Any] = value.__get__ if type(value) is types.FunctionType else functools.partial(_get, value)
     if original is not ABSENT:  # something already in vars(instance): bind only if it is our method
         bound = getattr(original, "__self__", None) is holder and callable(original)
         if bound and getattr(original, "__func__", None) is value:  # the same replacement, bound the same way
-            return original  # (the same patch through another registry): install that very object again
-        return value.__get__(holder, cls) if bound and hasattr(value, "__get__") else value
+            return None, functools.partial(_read_own, attr)  # (the same patch through another registry): it again
+        return (None, make) if bound and binds else (value, None)
     raw = class_attr(cls, attr, ABSENT)
     if type(raw) is types.FunctionType:
-        return value.__get__(holder, cls) if hasattr(value, "__get__") else value
+        return (None, make) if binds else (value, None)
     if isinstance(raw, staticmethod):
-        return value.__get__(holder, cls) if isinstance(value, staticmethod) else value
+        return (value.__get__(holder, cls) if isinstance(value, staticmethod) else value), None
     if isinstance(raw, classmethod):
-        return types.MethodType(value, cls) if isinstance(value, types.FunctionType) else value.__get__(holder, cls)
-    if raw is not ABSENT and hasattr(type(raw), "__get__") and callable(raw) and hasattr(value, "__get__"):
-        return value.__get__(holder, cls)
-    return value
+        return (
+            types.MethodType(value, cls) if isinstance(value, types.FunctionType) else value.__get__(holder, cls)
+        ), None
+    if raw is not ABSENT and hasattr(type(raw), "__get__") and callable(raw) and binds:
+        return None, make
+    return value, None
 
 
 def write(kind: str, holder: Any, attr: Any, value: Any) -> None:
@@ -186,3 +239,26 @@ def put_back(kind: str, holder: Any, attr: Any, original: Any, *, raw: bool = Fa
         (type.__setattr__ if raw else setattr)(holder, attr, original)
     elif attr in vars(holder):
         (type.__delattr__ if raw else delattr)(holder, attr)
+
+
+def reorder(mapping: Any, order: list[Any]) -> None:
+    """Put ``mapping``'s keys back in ``order`` (keys added since go after them, in their order); values untouched.
+
+    What a whole-mapping patch's restore needs after putting its keys back one by one (an ``OrderedDict`` compares
+    by order). ``os.environ`` stays as it is: moving a variable would unset and set it again.
+    """
+    if mapping is os.environ:
+        return
+    keys = list(mapping)
+    known = set(order)
+    want = [k for k in order if k in mapping] + [k for k in keys if k not in known]
+    if keys == want:
+        return
+    move = getattr(mapping, "move_to_end", None)
+    for key in want:
+        if callable(move):
+            move(key)
+        elif isinstance(mapping, dict):  # past a dict subclass's own __setitem__ / pop: the same objects, moved
+            dict.__setitem__(mapping, key, dict.pop(mapping, key))
+        else:
+            mapping[key] = mapping.pop(key)

@@ -1,280 +1,164 @@
-"""Plans: what an apply of a Patch or PatchSet on one object resolved, re-used while its guards hold.
+"""Plans: what resolving a Patch or PatchSet on an object finds, as a flat list of steps the install loop runs.
 
-An apply of a Patch or PatchSet on an object is resolved fully the first time (selectors walked,
-predicates evaluated, every check made); on the second apply of the same set on the same object a
-:class:`Plan` is remembered from a trace of that resolution, and later applies re-use it while its
-guards show that resolving again would find the same holders. The store keeps the plans and makes a plan's clean
-installs in one pass (:meth:`patchreg._store.Store.take_planned`, the hot path).
+Resolution (outside the lock: selectors, predicates and ``__getattr__`` are user code) evaluates each patch's
+predicate, walks its target to the sites it names, refuses what cannot be installed and restored exactly, and makes a
+:class:`~patchreg._ledger.Step` per site: its stack, what the binding rule makes there, and what it must find there.
+A registry keeps the plan, and an apply of the same target on the same object re-uses it while one guard of every
+walk it made holds (:func:`guard_check`): the first apply and the hundredth run the same install loop
+(:func:`patchreg._state.take`) over the same kind of plan; a kept plan only saves the resolution. The patches a
+guard cannot follow (misses, creations, mapping items, deletions, unguarded walks) are resolved again at every apply,
+in their place among the others.
 """
 
 from __future__ import annotations
 
-import logging
+import operator
 import sys
 import types
 import weakref
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from patchreg._checks import check_mapping, check_patchable, name_patch, report_skips, warn_not_found
+from patchreg._checks import name_patch, resolve, warn_not_found
 from patchreg._disable import SKIP as DISABLED
-from patchreg._guards import Guards, guard_check, trace
-from patchreg._namespace import ABSENT, bind_like, label, own_value
-from patchreg._predicates import on_refresh
-from patchreg._records import Patch, PatchSet
-from patchreg._stacks import GLOBAL as _GLOBAL
-from patchreg._stacks import METHOD as _METHOD
-from patchreg._stacks import PLAIN as _PLAIN
-from patchreg._stacks import WRAP as _WRAP
-from patchreg._stacks import Layer, Owner, Report, inherited_layer, plan_key
-from patchreg._store import LOCK, STORES, Stack, Store
-from patchreg._targets import Miss, Site, identity
+from patchreg._disable import off
+from patchreg._ledger import Plan, Step, weak_or_id
+from patchreg._namespace import ABSENT, binding
+from patchreg._predicates import REFRESHES
+from patchreg._records import Patch, PatchSet, patches_of
+from patchreg._state import Book, plan_key, stack_for
+from patchreg._targets import NOT_INSTANCES, UNSET, ImportPath, Selector, Site, by_values, class_attr
 from patchreg.exceptions import PatchError
 
-__all__ = [
-    "Plan",
-    "Trace",
-    "Work",
-    "locate",
-    "plan_key",
-    "take_plan",
-    "resolve",
-    "resolve_all",
-]
+__all__ = ["Guards", "guard_check", "import_chain", "make_plan", "plannable", "trace", "work"]
 
-log = logging.getLogger("patchreg")
-
-#: One unit of an apply: (patch, holder, attribute).
-Work = tuple[Patch, Any, str]
-#: What an apply traced per patch for a plan: (patch, the predicate's skip reason, sites and guards).
-Trace = tuple[Patch, "str | None", "tuple[list[Site], Guards | None] | None"]
-SEEN_MAX = 4096  # first applies remembered (to plan on the second one) before the marks are dropped
-generation = [0]  # bumped by refresh(): plans made before hold stale predicate answers
+#: a patch's part of a plan: its steps, fixed while the plan's guard holds, or None: resolved at every apply
+Part = tuple[Patch, "list[Step] | None"]
 
 
-def _stale_plans() -> None:
-    """refresh(): plans hold predicate answers, so every registry drops its plans (and a resolution that was
-    under way when it ran does not make one: it compares the generation it began in)."""
-    generation[0] += 1
-    with LOCK:
-        for store in list(STORES):
-            store.forget_plans()
+def make_plan(
+    book: Book, target: object, obj: Any, warn: bool | None = None, lazy: bool = False, name: str | None = None
+) -> tuple[Plan, list[Step], tuple[tuple[str, str], ...]]:
+    """Resolve ``target`` on ``obj`` now: the plan (kept by ``book`` when a guard can tell later whether resolving
+    again would find the same), and this apply's steps and skips.
 
-
-on_refresh(_stale_plans)
-
-
-def plannable(target: object, obj: Any) -> bool:
-    """Whether an apply of ``target`` on ``obj`` may be remembered as a plan."""
-    return isinstance(target, (Patch, PatchSet)) and not isinstance(obj, (str, bytes, type, types.ModuleType))
-
-
-def _traced(patch: Patch, obj: Any, found: list[Site]) -> tuple[list[Site], Guards | None] | None:
-    """A selector's trace on ``obj`` when it agrees with ``found``; an import path's site with no guards (the plan
-    guards the import instead, :func:`_import_guard`); None: resolve at every apply."""
-    if patch.create or patch.is_item or patch.kind in ("delete", "dict"):
-        return None
-    if patch.is_global:
-        return (found, None) if patch.kind in ("replace", "wrap", "value") else None
-    traced = trace(patch.where, obj)  # type: ignore[arg-type]
-    if traced is None or len(traced[0]) != len(found):
-        return None
-    for (holder, attr), hit in zip(traced[0], found, strict=True):
-        if holder is not hit.holder or attr != hit.attr:
-            return None
-    return traced
-
-
-class Plan:
-    """One Patch or PatchSet resolved on one object, re-used while its guards hold.
-
-    ``items`` per patch: ``(patch, skip reason, entries)``: a predicate's skip (valid until
-    ``refresh()``), or entries ``(stack, holder type, class read, mode)`` of a traced selector (on an import
-    path's module or class: ``(stack, None, (original, installed), mode)``),
-    or None for a patch resolved at every apply (misses, creations, items, walks guards cannot follow).
-    The class read (:func:`_class_read`) is the attribute as the holder's class stores it when planned:
-    an entry is stale once the class stores something else (the method deleted, replaced, re-wrapped
-    as a ``staticmethod``, or shadowed by a class earlier in the MRO). An import path's entry is stale once the path
-    leads elsewhere (:func:`_import_guard`).
-    The object and its holders are held weakly (their classes and modules strongly): a plan never keeps its
-    object alive, and goes with it.
+    With ``lazy``, an import-path patch whose module is not imported yet waits for it (``Plan.waiting``). A patch
+    ``PATCHREG_DISABLE`` names is skipped as a predicate's no is (an essential one refuses: a PatchError); ``name``:
+    the set's name it is judged under, when ``target`` is one patch of it (a lazy patch at its import).
     """
-
-    __slots__ = (
-        "__weakref__",
-        "fast",
-        "holds",
-        "items",
-        "key",
-        "name",
-        "obj",
-        "planned",
-        "refs",
-        "skipped",
-        "store",
-        "target",
-    )
-
-    planned: bool  #: every patch is planned (skipped, or its installs are entries): no resolution at an apply
-    #: when every install can be made in one pass (:meth:`Store.take_planned`): per install (mode, stack, holder
-    #: type (None on a module or class), the namespace read and what it stored when planned, attr, the replacement
-    #: (mode _GLOBAL: the object to install), patch, stack.layers)
-    fast: tuple[tuple[int, Stack, Any, Any, Any, str, Any, Patch, list[Layer]], ...] | None
-    skipped: tuple[tuple[str, str], ...]  # the predicate skips
-    #: the guards as one check of the object applied on: True while resolving again would find the same holders
-    holds: Callable[[Any], bool]
-    items: tuple[tuple[Patch, str | None, tuple[tuple[Stack, Any, Any, int], ...] | None], ...]
-    key: tuple[int, ...]
-    name: str
-    store: weakref.ref[Store]  # the registry's store, which keeps it
-    refs: tuple[weakref.ref[Any], ...]  # the target's, then each chunk's
-    target: Callable[[], Any]  # refs[0]
-    obj: Callable[[], Any]  # the one object's weak reference (for None: returns None; for chunks: never matches)
-
-    @classmethod
-    def remember(
-        cls,
-        installs: Store,
-        target: object,
-        obj: Any,
-        name: str,
-        traces: list[Trace],
-        gen: int,
-    ) -> Plan | None:
-        """Keep a plan in ``installs`` (as the one used last) from the traces of an apply that just succeeded (under
-        the lock: its sites exist, with this apply's layers on them); none when ``refresh()`` ran since the
-        resolution began (``gen``: the generation it began in)."""
-        if gen != generation[0]:
-            installs.keep_plan(None)
-            return None
-        plan = cls()
-        chunks = list(obj) if isinstance(obj, (list, tuple)) else ([] if obj is None else [obj])
-        try:
-            plan.refs = (weakref.ref(target, plan.forget), *(weakref.ref(c, plan.forget) for c in chunks))
-        except TypeError:  # an object without weak references is resolved at every apply
-            installs.keep_plan(None)
-            return None
-        plan.target = plan.refs[0]
-        plan.obj = _no_object if obj is None else plan.refs[1] if len(chunks) == 1 and chunks[0] is obj else _not_one
-        items: list[tuple[Patch, str | None, tuple[tuple[Stack, Any, Any, int], ...] | None]] = []
-        reads: list[tuple[Any, ...]] = []
-        walks: list[tuple[Any, ...]] = []
-        guards: list[Guards] = []
-        imports: list[tuple[str, Any, tuple[tuple[Any, str, Any], ...]]] = []
-        for patch, reason, traced in traces:
-            entries = None
-            if traced is not None:
-                sites, guard = traced
-                entries = _entries(installs, patch, sites, guard is None)
-                if entries is not None and guard is None:  # an import path: guard the import instead
-                    imported = _import_guard(patch)
-                    if imported is None:
-                        entries = None
-                    elif imported not in imports:
-                        imports.append(imported)
-                elif entries is not None and guard is not None and guard not in guards:  # one path, one guard
-                    guards.append(guard)
-                    reads.extend(guard[0])
-                    walks.extend(guard[1])
-            items.append((patch, reason, entries))
-        plan.items = tuple(items)
-        holds = guard_check((tuple(reads), tuple(walks)), obj if plan.obj is not _not_one else None)
-        plan.holds = _with_imports(holds, tuple(imports)) if imports else holds
-        plan.skipped = tuple((p.name, reason) for p, reason, _e in items if reason is not None)
-        plan.planned = all(reason is not None or entries is not None for _p, reason, entries in items)
-        plan.fast = _fast(items) if plan.planned else None
-        plan.name, plan.key = name, plan_key(target, obj)
-        plan.store = weakref.ref(installs)
-        installs.keep_plan(plan)
-        return plan
-
-    def forget(self, _dead: object = None) -> None:
-        """Drop this plan (its target or object died), also as the registry's last one (it holds classes)."""
-        store = self.store()
-        if store is not None:
-            store.forget_plan(self)
-
-    def matches(self, target: object, obj: Any) -> bool:
-        """True when this plan was made for ``target`` on ``obj`` (the same objects, not equal ones)."""
-        refs = self.refs
-        if refs[0]() is not target:
-            return False
-        if len(refs) == 2 and refs[1]() is obj:
-            return True
-        if isinstance(obj, (list, tuple)):
-            return len(refs) == len(obj) + 1 and all(r() is c for r, c in zip(refs[1:], obj, strict=True))
-        return obj is None and len(refs) == 1
-
-    def work(self, obj: Any, warn: bool | None = None) -> tuple[list[Work], list[tuple[str, str]]] | None:
-        """The work and skips of an apply now, or None when the plan is stale (resolve again)."""
-        if not self.holds(obj):
-            return None
-        work: list[Work] = []
-        skipped: list[tuple[str, str]] = []
-        for patch, reason, entries in self.items:
-            if reason is not None:
-                skipped.append((patch.name, reason))
-            elif entries is None:
-                found = resolve(patch, obj)
-                if isinstance(found, str):
-                    skipped.append((patch.name, found))
-                    if warn is None and patch.kind != "delete":  # nothing to delete: a no-op, as pytest's raising=False
-                        warn_not_found(patch, found)
-                else:
-                    work.extend((patch, holder, attr) for holder, attr in found)
-            else:
-                for stack, cls, seen, mode in entries:
-                    holder, attr = stack.ref(), stack.attr
-                    if cls is None:  # an import path's module or class (the plan's guards checked the import)
-                        if holder is None:
-                            return None
-                        check_patchable(patch, holder, attr)
-                        work.append((patch, holder, attr))
-                        continue
-                    if type(holder) is not cls or _class_changed(cls, attr, *seen):  # died, class swapped, or
-                        return None  # the class's attribute changed (deleted, replaced, shadowed)
-                    if not mode or attr in holder.__dict__:  # not the clean case: the checks of a first apply
-                        check_patchable(patch, holder, attr)
-                    work.append((patch, holder, attr))
-        return work, skipped
+    own, patches = patches_of(target)
+    name = own if name is None else name
+    disabled = off(name, patches)
+    waiting = tuple(p for p in patches if p.is_global and p.where.module not in sys.modules) if lazy else ()  # type: ignore[union-attr]
+    waiting = tuple(p for p in waiting if id(p) not in disabled)
+    plan = Plan()
+    plan.name, plan.patches, plan.waiting, plan.gen = name, patches, waiting, REFRESHES[0]
+    keep = not lazy and plannable(target, obj)
+    parts: list[Part] = []  # the plan's own: None where resolved again at every apply
+    steps: list[Step] = []
+    skipped: list[tuple[str, str]] = []  # this apply's
+    fixed: list[tuple[str, str]] = []  # the predicates' (the plan's: fixed until refresh())
+    reads: list[tuple[Any, ...]] = []
+    walks: list[tuple[Any, ...]] = []
+    imports: list[tuple[str, Any, tuple[tuple[Any, str, Any], ...]]] = []
+    for patch in patches:
+        if patch in waiting:
+            continue
+        found = _resolve_one(book, patch, obj, warn, disabled)
+        if isinstance(found, tuple):
+            skipped.append(found)
+            fixed.append(found)
+        elif isinstance(found, str):  # a target not found: a skip this time, resolved again next time
+            skipped.append((patch.name, found))
+            parts.append((patch, None))
+        else:
+            steps.extend(found)
+            guarded = keep and _guard(patch, obj, found, reads, walks, imports)
+            parts.append((patch, found if guarded else None))
+    plan.skipped, plan.parts = tuple(fixed), tuple(parts)
+    plan.steps = [s for _p, own in parts for s in own or ()]
+    plan.again = tuple(p for p, own in parts if own is None)
+    plan.holds = guard_check((tuple(reads), tuple(walks)), tuple(imports))
+    if keep and plan.gen == REFRESHES[0] and _weakly(plan, book, target, obj):
+        book.keep(plan)
+    return plan, steps, tuple(skipped)
 
 
-def take_plan(owner: Owner, installs: Store, plan: Plan, obj: Any, strict: bool, warn: bool | None) -> Report | None:
-    """Apply a plan whose every patch is planned; None when it turns out stale (nothing changed).
+def work(
+    book: Book, plan: Plan, obj: Any, warn: bool | None = None
+) -> tuple[Sequence[Step], tuple[tuple[str, str], ...]]:
+    """The steps and skips of an apply of a kept plan now: its steps, with the patches it resolves at every apply
+    resolved again in their place."""
+    if not plan.again:
+        return plan.steps, plan.skipped
+    steps: list[Step] = []
+    skipped = list(plan.skipped)
+    for patch, own in plan.parts:
+        if own is not None:
+            steps.extend(own)
+            continue
+        found = _resolve_one(book, patch, obj, warn)
+        if isinstance(found, str):
+            skipped.append((patch.name, found))
+        elif not isinstance(found, tuple):
+            steps.extend(found)
+    return steps, tuple(skipped)
 
-    A plan whose every install can be made in one pass (:attr:`Plan.fast`) installs the one-pass way
-    (:meth:`Store.take_planned`) while it can; else (shared with an outer block, covered by another registry) each
-    install is taken the general way.
-    """
-    if not plan.holds(obj):
+
+def _resolve_one(
+    book: Book, patch: Patch, obj: Any, warn: bool | None, disabled: Collection[int] = ()
+) -> list[Step] | str | tuple[str, str]:
+    """One patch on ``obj``: its steps; a string says why its target has no site here; a pair is a predicate's skip."""
+    try:
+        answer = DISABLED if disabled and id(patch) in disabled else patch.when.evaluate()
+        if not answer.ok:
+            return (patch.name, answer.reason)
+        found = resolve(patch, obj)
+        if isinstance(found, str):
+            if warn is None and patch.kind != "delete":  # nothing to delete: a no-op, as pytest's raising=False
+                warn_not_found(patch, found)
+            return found
+        order = _order(patch, found)
+        return [_step(book, patch, holder, attr, order) for holder, attr in found]
+    except PatchError as exc:  # from a predicate, a selector or a check: say which patch it was about
+        name_patch(exc, patch)
+        raise
+
+
+def _order(patch: Patch, found: list[Site]) -> list[Any] | None:
+    """A dict patch's mapping keys in their order now (its restore puts them back in it)."""
+    if patch.kind != "dict" or not found:
         return None
-    if plan.skipped and (strict or warn):
-        report_skips(plan.name, list(plan.skipped), strict, [p for p, _r, _e in plan.items])
-    if plan.fast is not None:
-        ledger = installs.take_planned(owner, plan)
-        if ledger is not None:
-            return ledger
-    with LOCK:
-        if installs.dead:
-            installs.purge()
-        found = plan.work(obj)  # under the lock, as the takes: what it checked still holds when they run
-        if found is None:
-            return None
-        ledger = Report.make(owner, plan.name, plan.skipped)
-        installs.take_all(found[0], ledger)
-        installs.keep_plan(plan)
-    return ledger
+    return list(found[0].holder)
 
 
-def _class_read(cls: type, attr: str) -> tuple[tuple[type, ...], tuple[Any, ...], Any, Any]:
-    """``(MRO, namespaces above the owner, owner's namespace, value)``: ``attr`` as ``cls`` stores it.
+def _step(book: Book, patch: Patch, holder: Any, attr: Any, order: list[Any] | None) -> Step:
+    """The step of ``patch`` on one site: its stack, what the binding rule makes over what is there now, and what it
+    must find there later (on an instance: its class, which stores the attribute as read now)."""
+    stack = stack_for(book, patch, holder, attr)
+    kind = stack.kind
+    step = Step()
+    step.patch, step.stack, step.order, step.found = patch, stack, order, stack.current()
+    step.value, step.make = binding(patch.kind, patch.replacement, kind, holder, attr, step.found, patch.prepend)
+    step.cls, step.raw, step.view = None, ABSENT, None
+    step.calls = patch.kind == "wrap" and kind != "module"
+    if kind == "instance" or (kind == "class" and patch.kind == "wrap"):
+        mro, above, view, raw = _class_read(type(holder) if kind == "instance" else holder, attr, kind)
+        step.raw, step.view = raw, view
+        if kind == "instance":
+            step.cls, step.mro, step.above = type(holder), mro, above
+            if step.found is not ABSENT:  # held as a layer holds it: never keeping the instance alive
+                step.found = weak_or_id(step.found)
+    return step
 
-    The namespaces are the classes' live ``vars`` views: :func:`_class_changed` re-reads them without
-    running any descriptor (``getattr`` on a class would, and cannot tell ``f`` from ``staticmethod(f)``).
-    """
+
+def _class_read(cls: type, attr: str, kind: str) -> tuple[tuple[type, ...], tuple[Any, ...], Any, Any]:
+    """``(MRO, namespaces above the owner, owner's namespace, value)``: ``attr`` as ``cls`` stores it (for a
+    class's own install, as its bases do). The namespaces are the classes' live ``vars`` views: a step re-reads them
+    without running any descriptor (``getattr`` on a class would, and cannot tell ``f`` from ``staticmethod(f)``)."""
     mro = cls.__mro__
     above: list[Any] = []
-    for klass in mro:
+    for klass in mro[1:] if kind == "class" else mro:
         view = vars(klass)
         if attr in view:
             return mro, tuple(above), view, view[attr]
@@ -282,11 +166,55 @@ def _class_read(cls: type, attr: str) -> tuple[tuple[type, ...], tuple[Any, ...]
     return mro, (), vars(cls), ABSENT
 
 
-def _class_changed(cls: type, attr: str, mro: tuple[type, ...], above: tuple[Any, ...], view: Any, raw: Any) -> bool:
-    """True when ``cls`` no longer stores ``attr`` as :func:`_class_read` found it."""
-    if view.get(attr, ABSENT) is not raw:
+def plannable(target: object, obj: Any) -> bool:
+    """Whether an apply of ``target`` on ``obj`` may be kept as a plan."""
+    return isinstance(target, (Patch, PatchSet)) and not isinstance(obj, (str, bytes, type, types.ModuleType))
+
+
+def _guard(
+    patch: Patch,
+    obj: Any,
+    steps: list[Step],
+    reads: list[tuple[Any, ...]],
+    walks: list[tuple[Any, ...]],
+    imports: list[tuple[str, Any, tuple[tuple[Any, str, Any], ...]]],
+) -> bool:
+    """Add what tells cheaply whether resolving ``patch`` on ``obj`` again would find these steps' sites; False when
+    nothing can (creations, items, deletions, walks a guard cannot follow): it is resolved at every apply."""
+    if patch.create or patch.is_item or patch.kind in ("delete", "dict"):
+        return False
+    where = patch.where
+    if isinstance(where, ImportPath):
+        module = sys.modules.get(where.module)
+        chain = import_chain(module, where.parts[:-1]) if module is not None else None
+        if chain is None:
+            return False
+        if (where.module, module, chain) not in imports:
+            imports.append((where.module, module, chain))
         return True
-    return bool(above) and (cls.__mro__ is not mro or any(attr in v for v in above))
+    traced = trace(where, obj)
+    if traced is None or len(traced[0]) != len(steps):
+        return False
+    for (holder, attr), step in zip(traced[0], steps, strict=True):
+        if holder is not step.stack.ref() or attr != step.stack.attr:
+            return False
+    reads.extend(traced[1][0])
+    walks.extend(traced[1][1])
+    return True
+
+
+def _weakly(plan: Plan, book: Book, target: object, obj: Any) -> bool:
+    """Hold the plan's target and object weakly (it goes with either); False when one cannot be weakly referenced."""
+    chunks = list(obj) if isinstance(obj, (list, tuple)) else ([] if obj is None else [obj])
+    try:
+        plan.refs = (weakref.ref(target, plan.forget), *(weakref.ref(c, plan.forget) for c in chunks))
+    except TypeError:
+        return False
+    plan.target = plan.refs[0]
+    plan.obj = _no_object if obj is None else plan.refs[1] if len(chunks) == 1 and chunks[0] is obj else _not_one
+    plan.key = plan_key(target, obj)
+    plan.book = weakref.ref(book)
+    return True
 
 
 def _no_object() -> None:
@@ -299,216 +227,218 @@ def _not_one() -> object:
     return _NEVER
 
 
-_NEVER = object()  # what a plan made for chunks returns as its object: never the object of a one-object apply
+_NEVER = object()
 
 
-def _entries(
-    installs: Store, patch: Patch, sites: list[Site], imported: bool
-) -> tuple[tuple[Stack, Any, Any, int], ...] | None:
-    """The plan entries of ``patch``'s sites (this apply's stacks), or None: resolve it at every apply.
+# -- guards: the trace of a selector's walk, and the one check that a later walk finds the same ------------
 
-    ``imported``: the sites of an import path (a module or a class), whose entries hold no class read but what
-    this apply's install there displaced and installed (:func:`_global_read`).
+#: ``(reads, walks)``: reads are ``(holder ref or None for the previous read's value, holder type, name,
+#: mapping name or None, value ref)``; walks are
+#: ``(container ref, container type, how it is walked (_ITER, _VALUES, _MODULES), element refs)``.
+Guards = tuple[tuple[tuple[Any, ...], ...], tuple[tuple[Any, ...], ...]]
+
+
+def trace(selector: Selector, obj: Any) -> tuple[list[Site], Guards] | None:
+    """The sites on ``obj`` and the guards that tell cheaply whether a later resolution finds them again.
+
+    None when the walk passes through something guards cannot follow (an unwrap, a class
+    attribute or property, a plain list, an object without weak references): the caller
+    then resolves every time. Guards hold only weak references.
     """
-    entries: list[tuple[Stack, Any, Any, int]] = []
-    for holder, attr in sites:
-        stack = installs.stacks.get((identity(holder), attr))
-        if stack is None or stack.ref() is not holder:
-            return None
-        if imported:
-            read = _global_read(patch, stack, holder)
-            entries.append((stack, None, read, 0 if read is None else _GLOBAL))
-            continue
-        kind = type(holder)
-        seen = _class_read(kind, attr)  # what an apply compares: the class attribute as stored
-        if seen[3] is ABSENT:
-            return None
-        entries.append((stack, kind, seen, _mode(patch, stack, holder, seen[3])))
-    return tuple(entries)
-
-
-def _mode(patch: Patch, stack: Stack, holder: Any, raw: Any) -> int:
-    """How a planned install on an instance is made (0: the general way, with the checks of a first apply)."""
-    if stack.kind != "instance":
-        return 0
-    if patch.kind == "value":
-        return _PLAIN
-    if patch.kind == "wrap":  # a wrap of the class's function, bound as getattr binds it; not of another's install
-        getter: Any = type(holder).__getattribute__
-        plain = type(raw) is types.FunctionType and getter is object.__getattribute__
-        return _WRAP if plain and inherited_layer(stack, holder) is None else 0
-    if patch.kind != "replace":
-        return 0
-    value = patch.replacement
-    bound = bind_like(value, holder, stack.attr, ABSENT)
-    if bound is value:
-        return _PLAIN
-    if type(value) is types.FunctionType and type(bound) is types.MethodType and bound.__self__ is holder:
-        return _METHOD
-    return 0
-
-
-def _global_read(patch: Patch, stack: Stack, holder: Any) -> tuple[Any, Any] | None:
-    """``(original, installed)`` of this apply's install of ``patch`` on a module or class attribute, when a later
-    apply may install that very object again in one pass: the only layer there, over an original the holder stores
-    itself, written by a plain ``setattr`` (a module of the plain module type, a class whose metaclass keeps
-    ``type``'s). None: the general way."""
-    layers = stack.layers
-    if len(layers) != 1 or layers[0].patch is not patch:
-        return None
-    if stack.kind == "module":
-        plain = type(holder) is types.ModuleType
-    else:
-        plain = stack.kind == "class" and type(holder).__setattr__ is type.__setattr__  # type: ignore[comparison-overlap]
-    layer = layers[0]
-    original = layer.displaced()
-    if not plain or original is ABSENT or vars(holder).get(stack.attr, ABSENT) is not layer.installed:
-        return None
-    return original, layer.installed
-
-
-def _fast(
-    items: list[tuple[Patch, str | None, tuple[tuple[Stack, Any, Any, int], ...] | None]],
-) -> tuple[tuple[int, Stack, Any, Any, Any, str, Any, Patch, list[Layer]], ...] | None:
-    """A planned apply's installs for :meth:`Store.take_planned`, when each can be made in one pass; else None."""
-    fast: list[tuple[int, Stack, Any, Any, Any, str, Any, Patch, list[Layer]]] = []
-    for patch, _reason, entries in items:
-        for stack, kind, read, mode in entries or ():
-            if not mode:
+    chunks = obj if isinstance(obj, (list, tuple)) else (obj,)
+    reads: list[tuple[Any, ...]] = []
+    walks: list[tuple[Any, ...]] = []
+    sites: list[Site] = []
+    for chunk in chunks:
+        holders = [chunk]
+        for step in selector.steps[:-1]:
+            nxt: list[Any] = []
+            for holder in holders:
+                value = _traced_get(holder, step.name, reads)
+                if value is UNSET:
+                    return None
+                items = [value]
+                for index in step.indices:
+                    selected = _traced_select(items, index, walks)
+                    if selected is None:
+                        return None
+                    items = selected
+                nxt.extend(items)
+            holders = nxt
+        attr = selector.steps[-1].name
+        for holder in holders:  # the attribute must come from the class (its type is checked at apply)
+            if isinstance(holder, NOT_INSTANCES) or class_attr(type(holder), attr, UNSET) is UNSET:
                 return None
-            if kind is None:  # a module's or class's: its namespace must still store the original
-                fast.append((mode, stack, None, vars(stack.ref()), read[0], stack.attr, read[1], patch, stack.layers))
-            elif read[1]:  # a class above the one that stores it could shadow it: checked the general way
-                return None
-            else:
-                fast.append((mode, stack, kind, read[2], read[3], stack.attr, patch.replacement, patch, stack.layers))
-    return tuple(fast) if fast else None
+        sites.extend(Site(holder, attr) for holder in holders)
+    return sites, (tuple(reads), tuple(walks))
 
 
-def _import_guard(patch: Patch) -> tuple[str, Any, tuple[tuple[Any, str, Any], ...]] | None:
-    """What an import path's resolution found: ``(module name, module, (holder, part, what it gave) per step)``."""
-    where: Any = patch.where
-    module = sys.modules.get(where.module)
-    if module is None:
-        return None
-    chain: list[tuple[Any, str, Any]] = []
-    holder = module
-    for part in where.parts[:-1]:
-        try:
-            found = getattr(holder, part)
-        except Exception:  # a library's __getattr__ may raise anything: resolve at every apply
-            return None
-        chain.append((holder, part, found))
-        holder = found
-    return where.module, module, tuple(chain)
-
-
-def _with_imports(
-    holds: Callable[[Any], bool], imports: tuple[tuple[str, Any, tuple[tuple[Any, str, Any], ...]], ...]
+def guard_check(
+    guards: Guards, imports: tuple[tuple[str, Any, tuple[tuple[Any, str, Any], ...]], ...] = ()
 ) -> Callable[[Any], bool]:
-    """``holds``, and every import path still leads where it led when planned (a module re-imported or a class
-    replaced in its module makes the plan stale)."""
+    """A function of the object applied on that is True while every read and walk of a trace, and every import
+    path's walk, would find the same objects again: the one guard of a plan.
+
+    It closes over the guards' weak references only (an import path's modules and classes strongly). Each read's
+    holder must still be of the class it had (a ``__class__ =`` can bring a property or another ``__getattr__``). A
+    walk whose container is the value of the last read takes it from there rather than through its own reference.
+    ``imports``: per import path, ``(module name, module, (holder, part, what it gave) per step)``: the module is
+    still the one imported and each step still gives what it gave.
+    """
+    reads, walks = guards
+    if not reads and not walks and not imports:
+        return _always
+    last = reads[-1][4]() if reads else None
+    walks = tuple(
+        (None if last is not None and cref() is last else cref, cls, how, snapshot)
+        for cref, cls, how, snapshot in walks
+    )
+    is_ = operator.is_
     modules = sys.modules
 
-    def holds_all(obj: Any) -> bool:
+    def check(_obj: Any) -> bool:
         for name, module, chain in imports:
             if modules.get(name) is not module:
                 return False
             for holder, part, found in chain:
-                try:
-                    if getattr(holder, part) is not found:
-                        return False
-                except Exception:  # gone, or raises now: resolve again (which says why)
+                if vars(holder).get(part) is not found:
                     return False
-        return holds(obj)
+        value: Any = None
+        for href, cls, name, mapping, vref in reads:
+            if href is not None:  # else a chain (model.mtp.layers): the holder is the value just read
+                value = href()
+            if type(value) is not cls:  # also a dead holder (None)
+                return False
+            ns = value.__dict__
+            if mapping is None:
+                value = ns.get(name)
+            elif name in ns:
+                return False
+            else:
+                inner = ns.get(mapping)
+                value = inner.get(name) if isinstance(inner, dict) else None
+            if value is None or value is not vref():
+                return False
+        for cref, cls, how, snapshot in walks:
+            container = value if cref is None else cref()
+            if type(container) is not cls:  # also a dead container (None)
+                return False
+            try:  # iter(): no __len__ call (list() would take it as a hint)
+                if how == _MODULES:
+                    elements = list(container.__dict__["_modules"].values())
+                else:
+                    elements = list(container.values()) if how else list(iter(container))
+            except Exception:  # a container's own code: any failure means resolve again
+                return False
+            if len(elements) != len(snapshot) or not all(map(is_, elements, [r() for r in snapshot])):
+                return False
+        return True
 
-    return holds_all
+    return check
 
 
-def resolve_all(
-    patches: tuple[Patch, ...],
-    obj: Any,
-    traces: list[Trace] | None = None,
-    warn: bool | None = None,
-    disabled: Collection[int] = (),
-) -> tuple[list[Work], list[tuple[str, str]]]:
-    """Evaluate predicates and resolve targets, outside the lock; changes nothing.
+def import_chain(module: Any, parts: tuple[str, ...]) -> tuple[tuple[Any, str, Any], ...] | None:
+    """What an import path's walk to its holder found, step by step, as :func:`guard_check` re-reads it (each step
+    from the holder's own namespace); None when a step is served otherwise (a ``__getattr__``): resolve every time."""
+    chain: list[tuple[Any, str, Any]] = []
+    holder = module
+    for part in parts:
+        found = vars(holder).get(part, UNSET) if isinstance(getattr(holder, "__dict__", None), Mapping) else UNSET
+        if found is UNSET:
+            return None
+        chain.append((holder, part, found))
+        holder = found
+    return tuple(chain)
 
-    With ``traces``, also appends what a :class:`Plan` needs per patch. With ``warn=None`` (an
-    apply's default), a target not found is logged once per patch and process (:func:`warn_not_found`).
-    ``disabled``: the identities of the patches ``PATCHREG_DISABLE`` names (:func:`patchreg._disable.off`),
-    skipped as a predicate saying no is.
+
+def _always(_obj: Any) -> bool:
+    return True
+
+
+def _weak(obj: Any) -> Any:
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return None
+
+
+def _traced_get(holder: Any, name: str, reads: list[tuple[Any, ...]]) -> Any:
+    """``getattr(holder, name)`` where a guard can re-check it: from the instance ``__dict__``, or from
+    one of the dicts in it (``nn.Module._modules``) when the class's ``__getattr__`` serves it."""
+    cls = type(holder)
+    ns = getattr(holder, "__dict__", None)
+    if type(ns) is not dict or cls.__getattribute__ is not object.__getattribute__:  # type: ignore[comparison-overlap]
+        return UNSET
+    raw = class_attr(cls, name, UNSET)
+    if raw is not UNSET and (name not in ns or hasattr(type(raw), "__set__")):
+        return UNSET  # served by the class (a property, a descriptor): not followed
+    mapping = None
+    if name in ns:
+        value = ns[name]
+    else:
+        value = getattr(holder, name, UNSET)
+        if value is UNSET:
+            return UNSET
+        for key, inner in list(ns.items()):  # a copy: another thread may install into this __dict__ meanwhile
+            if isinstance(inner, dict) and inner.get(name, UNSET) is value:
+                mapping = key
+                break
+        else:
+            return UNSET
+    href, vref = _weak(holder), _weak(value)
+    if href is None or vref is None:
+        return UNSET
+    if reads and reads[-1][4]() is holder:  # a chain (model.mtp.layers): the holder is the value just read
+        href = None
+    reads.append((href, cls, name, mapping, vref))
+    return value
+
+
+_ITER, _VALUES, _MODULES = 0, 1, 2  # how a guard walks a container: iter(), .values(), its _modules dict's values
+#: torch's containers whose iteration (or .values()) is exactly their ``_modules`` dict's values
+_MODULE_CONTAINERS = {
+    ("ModuleList.__iter__", False),
+    ("Sequential.__iter__", False),
+    ("ModuleDict.values", True),
+}
+
+
+def _walks_modules(value: Any, by_values: bool, elements: list[Any]) -> bool:
+    """Whether ``value`` is a torch container whose walk is its ``_modules`` dict's values (a guard reads that
+    dict, a C-level walk, instead of calling the container's Python ``__iter__``)."""
+    fn = getattr(type(value), "values" if by_values else "__iter__", None)
+    if (getattr(fn, "__qualname__", None), by_values) not in _MODULE_CONTAINERS:
+        return False
+    if getattr(fn, "__module__", None) != "torch.nn.modules.container":
+        return False
+    modules = vars(value).get("_modules")
+    return type(modules) is dict and all(map(operator.is_, modules.values(), elements))
+
+
+def _traced_select(items: list[Any], index: str, walks: list[tuple[Any, ...]]) -> list[Any] | None:
+    """:func:`_select` over weakly referenceable containers and elements, recording each walk.
+
+    Each container is iterated once: the elements selected are the ones its guard recorded.
     """
-    work: list[Work] = []
-    skipped = []
-    for patch in patches:
+    selected: list[Any] = []
+    for value in items:
+        if isinstance(value, (list, tuple, str, bytes)):
+            return None
+        mapping = by_values(value)
         try:
-            answer = DISABLED if disabled and id(patch) in disabled else patch.when.evaluate()
-            found = resolve(patch, obj) if answer.ok else ""
-        except PatchError as exc:  # from a predicate, a selector or a check: say which patch it was about
-            name_patch(exc, patch)
-            raise
-        if not answer.ok:
-            skipped.append((patch.name, answer.reason))
-            if traces is not None:
-                traces.append((patch, answer.reason, None))
+            elements = list(value.values() if mapping else value)
+        except Exception:
+            return None
+        cref, snapshot = _weak(value), tuple(_weak(e) for e in elements)
+        if cref is None or None in snapshot:
+            return None
+        how = _MODULES if _walks_modules(value, mapping, elements) else _VALUES if mapping else _ITER
+        walks.append((cref, type(value), how, snapshot))
+        if index == "*":
+            selected.extend(elements)
             continue
-        if isinstance(found, str):
-            skipped.append((patch.name, found))
-            if warn is None and patch.kind != "delete":  # nothing to delete: a no-op, as pytest's raising=False
-                warn_not_found(patch, found)
-            if traces is not None:
-                traces.append((patch, None, None))
-            continue
-        work.extend((patch, holder, attr) for holder, attr in found)
-        if traces is not None:
-            traces.append((patch, None, _traced(patch, obj, found)))
-    return work, skipped
-
-
-def locate(patch: Patch, obj: Any) -> list[Site] | Miss:
-    """Where ``patch`` installs on ``obj``: its target's sites (absent ones too with ``create``); for an
-    item patch, ``(mapping, key)`` for each mapping the target names. A delete patch's sites must each hold what it
-    deletes in their own namespace (or mapping): else there is nothing to delete, a skip."""
-    if not patch.is_item:
-        found = patch.where.resolve(obj, create=patch.create)
-        if patch.kind == "delete" and not isinstance(found, Miss):
-            for holder, attr in found:
-                if own_value(holder, attr) is ABSENT:
-                    return Miss(
-                        f"{label(holder)}.{attr} is not in its own namespace (inherited, or served by __getattr__): "
-                        "nothing to delete there; point the patch at the class or module that holds it"
-                    )
-        return found
-    found = patch.where.resolve(obj)
-    if isinstance(found, Miss):
-        return found
-    sites: list[Site] = []
-    for holder, attr in found:
-        mapping = getattr(holder, attr)
-        check_mapping(patch, mapping)
-        if patch.kind == "dict":  # every key it sets, then (clear=True) every other key there now
-            keys = list(patch.replacement)
-            if patch.clear:
-                keys += [k for k in list(mapping) if k not in patch.replacement]
-            sites.extend(Site(mapping, key) for key in keys)
-            continue
-        if not patch.create and patch.key not in mapping:
-            if patch.kind == "delete":
-                return Miss(f"{patch.where}[{patch.key!r}] is not set: nothing to delete")
-            return Miss(
-                f"{patch.where}[{patch.key!r}] is not set; pass create=True to set it for the patch "
-                "(deleted again on revert)"
-            )
-        sites.append(Site(mapping, patch.key))
-    return sites
-
-
-def resolve(patch: Patch, obj: Any) -> list[Site] | str:
-    """The sites of ``patch`` on ``obj``, checked patchable; a string says why there are none."""
-    found = locate(patch, obj)
-    if isinstance(found, Miss):
-        return found.reason
-    for holder, attr in found:
-        check_patchable(patch, holder, attr)
-    return found
+        i = int(index)
+        if not -len(elements) <= i < len(elements):
+            return None
+        selected.append(elements[i])
+    return selected or None

@@ -15,7 +15,8 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import inspect
-from collections.abc import Callable, Iterator
+import os
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -28,16 +29,21 @@ from patchreg._targets import ImportPath, identity, parse_import_path
 from patchreg.exceptions import PatchDefinitionError, PatchError, PredicateError
 
 __all__ = [
+    "DISABLED_REASON",
+    "ENV_DISABLE",
     "Answer",
     "Predicate",
     "Provider",
+    "REFRESHES",
     "accepts",
     "always",
     "check",
+    "disabled_names",
     "distributions",
     "has",
     "not_needed_when",
     "provider",
+    "read_disabled",
     "refresh",
     "requires",
 ]
@@ -45,6 +51,25 @@ __all__ = [
 #: Answers by predicate (an unhashable one, e.g. a subclass defining ``__eq__`` only, by identity).
 _CACHE: dict[Any, Answer] = {}
 _ON_REFRESH: list[Callable[[], None]] = []
+#: How many times :func:`refresh` ran: what the engine remembers of answers (plans, the disabled names) is from one
+#: generation, and read again in a later one (nothing of the engine registers a refresh hook).
+REFRESHES = [0]
+#: The environment variable naming the patches and sets never installed in this process (patchreg._disable).
+ENV_DISABLE = "PATCHREG_DISABLE"
+#: The skip reason of a disabled patch, in reports, ``explain`` and ``doctor``.
+DISABLED_REASON = f"disabled by {ENV_DISABLE}"
+_DISABLED: list[frozenset[str]] = []  # its names, read at import and by refresh()
+
+
+def read_disabled(environ: Mapping[str, str] | None = None) -> frozenset[str]:
+    """The names in ``PATCHREG_DISABLE`` (of ``environ``, default ``os.environ``), stripped, empty ones dropped."""
+    env = os.environ if environ is None else environ
+    return frozenset(n for n in (s.strip() for s in env.get(ENV_DISABLE, "").split(",")) if n)
+
+
+def disabled_names() -> frozenset[str]:
+    """The names this process read from ``PATCHREG_DISABLE`` (when patchreg was imported, or at the last refresh)."""
+    return _DISABLED[0]
 
 
 @attrs.frozen
@@ -73,6 +98,8 @@ def refresh() -> None:
     _PROVIDERS.clear()
     _PACKAGES.clear()
     importlib.invalidate_caches()
+    _DISABLED[:] = [read_disabled()]
+    REFRESHES[0] += 1
     for hook in _ON_REFRESH:
         hook()
 
@@ -80,8 +107,8 @@ def refresh() -> None:
 def on_refresh(hook: Callable[[], None]) -> None:
     """Call ``hook`` whenever :func:`refresh` runs: a patch set's own caches of environment facts register here.
 
-    The engine's plans register too (their predicate answers go stale). ``hook`` takes no arguments;
-    it runs in :func:`refresh`'s caller, in registration order.
+    ``hook`` takes no arguments; it runs in :func:`refresh`'s caller, in registration order. (The engine's own
+    caches, its plans and the disabled names, compare :data:`REFRESHES` instead.)
     """
     _ON_REFRESH.append(hook)
 
@@ -564,3 +591,6 @@ def check(func: Callable[[], Any], description: str) -> Predicate:
 
 
 _NEEDED_ALWAYS = (_Always, _Requires, _Has, _Accepts, _Check)
+
+
+_DISABLED.append(read_disabled())  # read when patchreg is imported

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+import operator
 import re
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal
 
 import attrs
@@ -17,11 +18,10 @@ from patchreg._predicates import Predicate, always
 from patchreg._targets import ImportPath, Selector, identity, parse_target
 from patchreg.exceptions import PatchDefinitionError
 
-__all__ = ["ABSENT", "ORIGINALS", "Backup", "Installed", "Patch", "PatchSet", "Target", "patches_of"]
+__all__ = ["ABSENT", "INSTALL_ORDER", "Backup", "Installed", "Patch", "PatchSet", "Target", "patches_of"]
 
-#: Where a :class:`Backup` reads the originals of a patch's live installs: the store's records
-#: (:mod:`patchreg._stacks`, which import this module) put their reader here. ``(holder, original)``, oldest first.
-ORIGINALS: list[Callable[[Any], list[tuple[Any, Any]]]] = []
+#: the key that sorts installs (layers) in the order they were made, across registries
+INSTALL_ORDER = operator.attrgetter("seq")
 
 Kind = Literal["replace", "wrap", "value", "item", "delete", "dict"]
 #: Kinds whose replacement is installed as it is, never called by patchreg or required to be callable.
@@ -33,22 +33,26 @@ _DESCRIPTORS = (staticmethod, classmethod, property, functools.cached_property)
 class Backup:
     """A patch's backup slot: the originals its live installs displaced, by the object patched.
 
-    A read-only view of the store: the registries keep each original with its install and drop it once it
-    is restored, so nothing here can outlive or disagree with what is installed. ``get(obj)``
-    is the most recent original on ``obj`` (``ABSENT`` if the attribute was not in its
-    namespace); a patch applied by two registries on one holder stacks, the later on top.
+    A read-only view of the registries' installs: the state adds here every attribute (its stack) a plan of the patch
+    will install on, and each install keeps its original until it is restored, so nothing here can outlive or disagree
+    with what is installed. ``get(obj)`` is the most recent original on ``obj`` (``ABSENT`` if the attribute was not
+    in its namespace); a patch applied by two registries on one holder stacks, the later on top. Nothing is stored on
+    the patched object.
     """
 
-    __slots__ = ("__weakref__", "_patch")
+    __slots__ = ("stacks",)
 
-    def __init__(self, patch: Any = None) -> None:
-        self._patch = weakref.ref(patch) if patch is not None else None
+    def __init__(self) -> None:
+        #: the stacks its patch may be installed on (held weakly; only the state adds to it)
+        self.stacks: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def layers(self) -> list[Any]:
+        """The patch's live installs (its layers, of every registry), oldest first."""
+        found = [la for s in list(self.stacks) if s.ref() is not None for la in s.layers if la.patch.backup is self]
+        return sorted(found, key=INSTALL_ORDER)
 
     def _pairs(self) -> list[tuple[Any, Any]]:
-        patch = self._patch() if self._patch is not None else None
-        if patch is None or not ORIGINALS:
-            return []
-        return ORIGINALS[0](patch)
+        return [(layer.stack.ref(), layer.displaced()) for layer in self.layers()]
 
     def get(self, holder: Any, default: Any = None) -> Any:
         """The most recent original of ``holder`` (``ABSENT`` if it had none), or ``default``."""
@@ -111,7 +115,6 @@ class Patch:
 
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "where", parse_target(self.target))
-        object.__setattr__(self, "backup", Backup(self))
         _validate(self)
 
     @property

@@ -1,11 +1,12 @@
 """The Registry, its blocks (``with registry.patched(...)``, :class:`Patched`) and :func:`decorate`.
 
-``apply`` resolves (outside the lock: selectors and predicates are user code), then asks the store to take a user
-of each install; ``revert`` (or the end of a ``patched`` block) asks it to release one, and the last user's release
-puts back exactly what was there. Where each concept lives: state in :mod:`patchreg._store` (its records in
-:mod:`patchreg._stacks`), raw reads and writes in :mod:`patchreg._namespace`, refusals in :mod:`patchreg._checks`,
-plans in :mod:`patchreg._plans` (their guards in :mod:`patchreg._guards`), lazy patches in :mod:`patchreg._lazy`,
-introspection in :mod:`patchreg._explain`.
+``apply`` finds the plan of its target on its object (or resolves one, outside the lock: selectors and predicates
+are user code), then has the state's one install loop take a user of each of its steps; ``revert`` (or the end of a
+``patched`` block) has the one release loop release one, and the last user's release puts back exactly what was
+there. Where each concept lives: state in :mod:`patchreg._state` (its records in :mod:`patchreg._ledger`), raw reads
+and writes in :mod:`patchreg._namespace`, sites and refusals in :mod:`patchreg._checks`, plans and their guard in
+:mod:`patchreg._plans`, introspection in :mod:`patchreg._explain`; lazy patches (a post-import hook) and the default
+registry here.
 
 A :class:`Patched` block can be entered again while it is active (nested, or from several threads): each thread
 exits its own enters, innermost first. Misuse never raises a bare Python error and never leaves an install without
@@ -25,31 +26,45 @@ from __future__ import annotations
 
 import functools
 import inspect
-import sys
+import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, Generic, TypeVar, cast
 
-from patchreg import _explain, _lazy
-from patchreg._checks import report_skips
-from patchreg._disable import off
+import wrapt
+
+from patchreg import _explain
+from patchreg._checks import locate, report_skips
 from patchreg._explain import Explanation
-from patchreg._plans import SEEN_MAX, Plan, Trace, Work, generation, locate, plan_key, plannable, resolve_all, take_plan
-from patchreg._records import Installed, Patch, Target, patches_of
-from patchreg._stacks import Checkpoint, Report, stack_key
-from patchreg._store import LOCK, Stack, Store
+from patchreg._ledger import Checkpoint, Layer, Pending, Report
+from patchreg._plans import make_plan, work
+from patchreg._records import INSTALL_ORDER, Installed, Patch, Target, patches_of
+from patchreg._state import LOCK, Book, cancel, purge, release, take
 from patchreg._targets import Miss, Site
 from patchreg.exceptions import PatchDefinitionError, PatchError
 
-__all__ = ["TEST_PREFIX", "Checkpoint", "Explanation", "Patched", "Registry", "Target", "decorate"]
+__all__ = [
+    "TEST_PREFIX",
+    "Checkpoint",
+    "Explanation",
+    "Patched",
+    "Registry",
+    "Target",
+    "apply",
+    "decorate",
+    "patched",
+    "registry",
+    "revert",
+]
+
+log = logging.getLogger("patchreg")
 
 F = TypeVar("F", bound=Callable[..., Any])
 #: The prefix of the methods a decorated class has decorated (``unittest.mock.patch.TEST_PREFIX``'s).
 TEST_PREFIX = "test"
 T = TypeVar("T")
 _thread = threading.get_ident
-_acquire, _release = LOCK.acquire, LOCK.release  # bound once: a block pays for no method lookup
 
 
 class Registry:
@@ -60,11 +75,11 @@ class Registry:
     user's release puts back exactly what was there.
     """
 
-    __slots__ = ("__weakref__", "_installs", "name")
+    __slots__ = ("__weakref__", "_book", "name")
 
     def __init__(self, name: str = "default") -> None:
         self.name = name
-        self._installs = Store(self)  # all its state: installs, reports' checkpoints, lazy patches, plans
+        self._book = Book(self)  # its own state: plans, checkpoints, lazy patches
 
     # -- applying -------------------------------------------------------------------------
 
@@ -81,88 +96,53 @@ class Registry:
         With ``lazy=True``, an import-path patch whose module is not imported yet is installed
         by a post-import hook when it is (its predicate evaluated then); reverting first cancels it.
 
-        The resolution of a Patch or PatchSet on an object is remembered (a plan) and re-used
-        while cheap guards show that resolving again would find the same holders.
+        The resolution of a Patch or PatchSet on an object is kept (a plan) and re-used while cheap guards show
+        that resolving again would find the same holders; every apply runs the same install loop over its steps.
         """
         if strict and warn is None:  # strict raises on a skip that matters: no warning about it as well
             warn = False
-        installs = self._installs
-        plan: Plan | None = None if lazy else installs.plan_for(target, obj)
-        if plan is not None:
-            if plan.planned:
-                ledger = take_plan(self, installs, plan, obj, strict, warn)
-            else:
-                found = plan.work(obj, warn)
-                ledger = None
-                if found is not None:
-                    patches = (p for p, _r, _e in plan.items)
-                    ledger = self._take_work(plan.name, *found, strict, warn, patches=patches)
-                    with LOCK:
-                        installs.keep_plan(plan)
-            if ledger is not None:
-                if installs.checkpoints or installs.unnamed:
-                    self._applied(ledger, obj)
-                return ledger
-        return self._resolve(target, obj, strict, warn, lazy)
-
-    def _resolve(self, target: Target, obj: Any, strict: bool, warn: bool | None, lazy: bool) -> Report:
-        """:meth:`apply` without a plan: resolve, take, and (on a second apply of ``target`` on ``obj``) make one."""
-        installs = self._installs
-        name, patches = patches_of(target)
-        disabled = off(name, patches)  # PATCHREG_DISABLE: skipped (an essential one refuses), never waiting
-        waiting = [p for p in patches if p.is_global and p.where.module not in sys.modules] if lazy else []  # type: ignore[union-attr]
-        if disabled and waiting:
-            waiting = [p for p in waiting if id(p) not in disabled]
-        plan_it = not lazy and plannable(target, obj) and installs.again(plan_key(target, obj), SEEN_MAX)
-        traces: list[Trace] | None = [] if plan_it else None
-        gen = generation[0]
-        todo = tuple(p for p in patches if p not in waiting) if waiting else patches
-        work, skipped = resolve_all(todo, obj, traces, warn, disabled)
-        ledger = self._take_work(name, work, skipped, strict, warn, waiting, patches)
-        if traces is not None and not ledger.waiting:
+        book = self._book
+        plan = None if lazy else book.plan_for(target, obj)
+        for _attempt in range(_ATTEMPTS):
+            if plan is not None and plan.holds(obj):
+                steps, skipped = work(book, plan, obj, warn)
+            else:  # resolve (outside the lock: selectors and predicates are user code)
+                plan, steps, skipped = make_plan(book, target, obj, warn, lazy)
+            if skipped and (strict or warn):
+                report_skips(plan.name, list(skipped), strict, plan.patches)
+            report = Report(self, plan.name, skipped)
             with LOCK:
-                Plan.remember(installs, target, obj, name, traces, gen)
-        _lazy.register_hooks(installs, ledger)
-        if installs.checkpoints or installs.unnamed:
-            self._applied(ledger, obj)
-        return ledger
+                taken = take(book, steps, report)
+                if taken and plan.waiting:
+                    book.wait_for_import(report, plan.waiting)
+            if taken:
+                break
+            plan = None  # a holder changed between the resolution and the loop: resolve again
+        else:
+            msg = (
+                f"Patch set {patches_of(target)[0]!r}: its targets changed while it was being applied, "
+                f"{_ATTEMPTS} times in a row (another thread replacing them?); nothing was installed. Apply it again."
+            )
+            raise PatchError(msg)
+        if plan.waiting:
+            _register_hooks(book, report)
+        if book.checkpoints or book.unnamed:
+            self._applied(report, obj)
+        return report
 
     def _applied(self, ledger: Report, obj: Any) -> None:
         """After an apply: note it in the live checkpoints, and name the instance stacks it made by path (a walk of
         ``obj``: user code). If that raises (an interrupt), the apply is reverted: its report never reaches the
         caller, so nothing of it may stay installed without an owner."""
-        installs = self._installs
+        book = self._book
         try:
-            if installs.checkpoints:
-                installs.record(ledger)
-            if installs.unnamed:
-                _explain.name_stacks(installs, obj)
+            if book.checkpoints:
+                book.record(ledger)
+            if book.unnamed:
+                _explain.name_stacks(book, obj)
         except BaseException:
             self.revert(ledger)
             raise
-
-    def _take_work(
-        self,
-        name: str,
-        work: list[Work],
-        skipped: list[tuple[str, str]],
-        strict: bool,
-        warn: bool | None,
-        waiting: list[Patch] | None = None,
-        patches: Iterable[Patch] = (),
-    ) -> Report:
-        """Take a user of every work item (under the lock), after refusing or warning about the skips."""
-        if skipped and (strict or warn):
-            report_skips(name, skipped, strict, patches)
-        ledger = Report.make(self, name, tuple(skipped))
-        installs = self._installs
-        with LOCK:
-            if installs.dead:
-                installs.purge()
-            installs.take_all(work, ledger)
-            if waiting:
-                installs.wait_for_import(ledger, waiting)
-        return ledger
 
     # -- reverting ------------------------------------------------------------------------
 
@@ -171,52 +151,41 @@ class Registry:
 
         Given a :class:`Report`, releases exactly what that apply took (once).
         """
-        installs = self._installs
         if isinstance(target, Report):
-            ledger = target
-            if ledger.owner is not self:
-                msg = f"Report {target!r} came from registry {ledger.owner.name!r}; revert it there."
+            if target.owner is not self:
+                msg = f"Report {target!r} came from registry {target.owner.name!r}; revert it there."
                 raise PatchDefinitionError(msg, target=target.name)
-            LOCK.acquire()
-            try:
-                return installs.release(ledger)
-            finally:
-                LOCK.release()
+            with LOCK:
+                return release(target)
         name, patches = patches_of(target)
         hits = [(patch, _hits(patch, obj)) for patch in patches]  # user code (selectors): outside the lock
-        ledger = Report.make(self, name)
+        ledger = Report(self, name, ())
+        book = self._book
         with LOCK:
-            installs.purge()
-            installs.cancel_patches(patches)
+            purge()
+            cancel([p for p in book.pending if p.patch in patches])
             for patch, found in hits:
-                for stack in self._stacks_of(patch, found):
-                    ledger.layers.extend(la for la in stack.layers if la.patch is patch and la.count > 0)
-            ledger.layers.sort(key=lambda la: la.seq)  # released last-installed first, whatever the set's order
-            return installs.release(ledger)
+                ledger.layers.extend(self._layers_of(patch, found))
+            ledger.layers.sort(key=INSTALL_ORDER)  # released last-installed first, whatever the set's order
+            return release(ledger)
 
-    def _stacks_of(self, patch: Patch, found: list[Site] | None) -> list[Stack]:
-        """Our stacks that ``patch`` is on, restricted to ``found`` holders (under the lock)."""
-        stacks = self._installs.stacks
+    def _layers_of(self, patch: Patch, found: list[Site] | None) -> list[Layer]:
+        """This registry's live layers of ``patch``, on the ``found`` holders (None: on any)."""
+        mine = [la for la in patch.backup.layers() if la.owner is self._book and la.count > 0]
         if found is None:
-            return [s for s in stacks.values() if any(la.patch is patch for la in s.layers)]
-        mine = []
-        for hit in found:
-            stack = stacks.get(stack_key(patch, hit.holder, hit.attr))
-            if stack is not None and stack.ref() is hit.holder:
-                mine.append(stack)
-        return mine
+            return mine
+        return [la for la in mine if any(la.stack.ref() is h.holder and la.stack.attr == h.attr for h in found)]
 
     def revert_all(self) -> int:
         """Restore every original this registry displaced (top layers first); return how many.
 
         All or nothing: when one install cannot be released (someone patched over it), nothing is.
         """
-        with LOCK:
-            return self._installs.release_everything()
+        return self._book.release_everything()
 
     def checkpoint(self) -> Checkpoint:
         """Remember this moment, for :meth:`rollback`: every apply from now on is recorded while it lives."""
-        return self._installs.checkpoint()
+        return self._book.checkpoint()
 
     def rollback(self, checkpoint: Checkpoint) -> int:
         """Release every apply made since ``checkpoint`` that is not released yet, last first; return restores.
@@ -224,7 +193,7 @@ class Registry:
         All or nothing. Those applies' reports end released (a block exited later releases nothing
         again), and lazy patches of earlier applies that were installed since stay.
         """
-        installs = self._installs
+        book = self._book
         if not isinstance(checkpoint, Checkpoint):
             msg = (
                 f"rollback() takes what checkpoint() returned, got {checkpoint!r}; take one with registry.checkpoint()."
@@ -233,7 +202,7 @@ class Registry:
         if checkpoint.owner is not self:
             msg = f"Checkpoint came from registry {checkpoint.owner.name!r}; roll back there."
             raise PatchDefinitionError(msg)
-        return installs.rollback(checkpoint)
+        return book.rollback(checkpoint)
 
     def patched(self, target: Target, obj: Any = None, *, strict: bool = False) -> Patched[Report]:
         """A context manager (and decorator) that applies on entry and reverts on exit."""
@@ -244,7 +213,7 @@ class Registry:
 
     def active(self) -> tuple[Installed, ...]:
         """Copies of every active install, in install order per attribute."""
-        return _explain.active(self._installs)
+        return _explain.active(self._book)
 
     def is_active(self, name: str | Patch, obj: Any = None) -> bool:
         """True when a patch named ``name`` (or that very Patch) is installed (on ``obj``, or what ``obj`` contains)."""
@@ -252,46 +221,73 @@ class Registry:
             msg = f"is_active() takes a patch name or a Patch, got {name!r}; pass e.g. 'postprocess'."
             raise PatchDefinitionError(msg, target=name)
         wanted = (lambda p: p is name) if isinstance(name, Patch) else (lambda p: p.name == name)
-        installs = self._installs
-        with LOCK:
-            installs.purge()
-            patches = {la.patch for s in installs.stacks.values() for la in s.layers if wanted(la.patch)}
+        patches = {la.patch for la in self._book.live_layers() if wanted(la.patch)}
         for patch in patches:
             if obj is None or patch.is_global:
                 return True
             found = _hits(patch, obj)
             with LOCK:
-                if any(la.patch is patch for s in self._stacks_of(patch, found) for la in s.layers):
+                if self._layers_of(patch, found):
                     return True
-            with LOCK:  # obj may be the patched holder itself
-                if any(s.ref() is obj and la.patch is patch for s in installs.stacks.values() for la in s.layers):
+                if any(la.stack.ref() is obj for la in self._layers_of(patch, None)):  # obj is the holder itself
                     return True
         return False
 
     def explain(self, target: Target, obj: Any = None) -> Explanation:
         """What ``apply(target, obj)`` would do now, without doing it."""
         name, patches = patches_of(target)
-        return _explain.explain(self._installs, name, patches, obj)
+        return _explain.explain(self._book, name, patches, obj)
 
     def summary(self) -> str:
         """A table of active installs: patch, target, holder, count, state, since."""
-        return _explain.summary(self._installs)
+        return _explain.summary(self._book)
 
     def fingerprint(self) -> str:
         """A stable digest of :meth:`fingerprint_lines`: equal in two processes with the same patches active."""
-        return _explain.fingerprint(self._installs)
+        return _explain.fingerprint(self._book)
 
     def fingerprint_lines(self) -> list[str]:
         """What the fingerprint digests, sorted: installs (no ids or times), predicate answers, versions."""
-        return _explain.fingerprint_lines(self._installs)
+        return _explain.fingerprint_lines(self._book)
 
     def __repr__(self) -> str:
-        installs = self._installs
+        book = self._book
         with LOCK:
-            stacks = [s for s in installs.stacks.values() if s.layers and s.ref() is not None]
-            n = sum(len(s.layers) for s in stacks)
-            waiting = f", {len(installs.pending)} pending (lazy)" if installs.pending else ""
-        return f"<patchreg.Registry {self.name!r}: {n} active install(s) on {len(stacks)} attribute(s){waiting}>"
+            layers = book.live_layers()
+            n = len({id(la.stack) for la in layers})
+            waiting = f", {len(book.pending)} pending (lazy)" if book.pending else ""
+        return f"<patchreg.Registry {self.name!r}: {len(layers)} active install(s) on {n} attribute(s){waiting}>"
+
+
+_ATTEMPTS = 3  # resolutions an apply tries while its targets change under it
+
+
+# -- lazy patches: installed by a post-import hook when their module is imported --------------------------
+
+
+def _register_hooks(book: Book, ledger: Report) -> None:
+    """Register the post-import hooks of ``ledger``'s lazy patches (outside the lock: one may fire at once)."""
+    for pending in ledger.waiting:
+        wrapt.register_post_import_hook(functools.partial(_install_on_import, book, pending), pending.module)
+
+
+def _install_on_import(book: Book, pending: Pending, module: Any) -> None:
+    """Post-import hook of a lazy patch: install it now (resolved now) unless it was cancelled; never breaks the
+    user's import statement."""
+    if pending.state != "pending":
+        return
+    try:
+        _plan, steps, skipped = make_plan(book, pending.patch, None, lazy=True, name=pending.ledger.set_name)
+        if not book.take_on_import(pending, steps, skipped):
+            return
+    except Exception as exc:  # never break the user's import statement
+        book.failed_on_import(pending, exc)
+        log.error("patchreg: lazy patch %s on import of %s failed: %s", pending.patch.name, pending.module, exc)
+        return
+    if skipped:
+        log.warning(
+            "patchreg: lazy patch %s skipped on import of %s: %s", pending.patch.name, pending.module, skipped[0][1]
+        )
 
 
 def _hits(patch: Patch, obj: Any) -> list[Site] | None:
@@ -306,13 +302,10 @@ class Patched(Generic[T]):
     """``with registry.patched(set, obj) as report:`` or ``@registry.patched(set)``.
 
     A patch set's own block (``mtp_patched``) subclasses it and overrides :meth:`value` (what the ``with``
-    statement binds, from the apply's report), :meth:`open` (an enter's apply the general way), :meth:`close`
-    (after the exit reverted) and :meth:`fresh` (the block each call of a decorated function enters).
-
-    An enter whose apply of ``target`` on ``obj`` has a plan of clean installs (what a block entered once
-    per training step meets from its third enter) has the store make them in one pass (:meth:`patchreg._store.Store.take_planned`);
-    any other calls :meth:`open`. An override of :meth:`open` must therefore apply ``target`` with
-    ``strict``, on ``obj`` or on what ``obj`` wraps (a plan is only found for the object an apply was made on).
+    statement binds, from the apply's report), :meth:`open` (an enter's apply), :meth:`close` (after the exit
+    reverted) and :meth:`fresh` (the block each call of a decorated function enters). Every enter is an apply
+    (:meth:`Registry.apply`, which re-uses the plan of the same target on the same object); every exit a revert of
+    the report it returned.
     """
 
     __slots__ = ("_entered", "_one_call", "_open", "obj", "registry", "strict", "target")  # no __dict__: per step
@@ -329,7 +322,7 @@ class Patched(Generic[T]):
         self._one_call = False  # made by a decorated function for one call: its one enter may exit elsewhere
 
     def open(self) -> Report:
-        """Apply for one enter, the general way: the report the exit reverts."""
+        """Apply for one enter: the report the exit reverts."""
         return self.registry.apply(self.target, self.obj, strict=self.strict)
 
     def value(self, report: Report) -> T:
@@ -349,21 +342,9 @@ class Patched(Generic[T]):
         return len(self._open)
 
     def __enter__(self) -> T:
-        registry, obj = self.registry, self.obj
-        installs = registry._installs
-        plan = installs.last  # an RL loop enters the same block on the same model: plan_for's first test, inline
-        if plan is None or plan.target() is not self.target or plan.obj() is not obj:  # (a Python call saved)
-            plan = installs.plan_for(self.target, obj)
-        report: Report | None = None
-        if plan is not None and plan.fast is not None and not (self.strict and plan.skipped) and plan.holds(obj):
-            report = installs.take_planned(registry, plan)
-        if report is not None:
-            if installs.checkpoints or installs.unnamed:  # (Registry.apply does this for the general way)
-                registry._applied(report, obj)  # (which reverts the apply if it raises)
-        else:
-            report = self.open()
-            if not isinstance(report, Report):  # a subclass written for the hooks before value() (0.1.0)
-                _refuse_open(self, report)
+        report = self.open()
+        if not isinstance(report, Report):  # a subclass written for the hooks before value() (0.1.0)
+            _refuse_open(self, report)
         try:
             value = self.value(report)
         except BaseException:
@@ -380,15 +361,7 @@ class Patched(Generic[T]):
             entry = self._innermost(entered)
             if entry is None:
                 return  # a second exit: nothing is open, nothing to do (documented; mock.patch would raise)
-        report, registry = entry[1], self.registry
-        if type(report) is Report and report.owner is registry:  # registry.revert(report), inline: this block's own
-            _acquire()
-            try:
-                registry._installs.release(report)  # if this raises, the entry stays: the exit can be retried
-            finally:
-                _release()
-        else:
-            registry.revert(report)  # a subclass's open() returned another registry's report: refused there
+        self.registry.revert(entry[1])  # if this raises, the entry stays: the exit can be retried
         entered.remove(entry)  # one C call (atomic), by identity: this very tuple
         self.close(entry[2])
 
@@ -502,3 +475,26 @@ def decorate(func: F, block: Callable[[], AbstractContextManager[Any]]) -> F:
             return func(*args, **kwargs)
 
     return functools.wraps(func)(called)  # type: ignore[return-value]
+
+
+# -- the default registry and the module-level functions that use it -----------------------------------
+
+#: The process-wide default registry.
+registry = Registry("default")
+
+
+def apply(
+    target: Target, obj: Any = None, *, strict: bool = False, warn: bool | None = None, lazy: bool = False
+) -> Report:
+    """``registry.apply`` on the default registry."""
+    return registry.apply(target, obj, strict=strict, warn=warn, lazy=lazy)
+
+
+def revert(target: Target | Report, obj: Any = None) -> int:
+    """``registry.revert`` on the default registry."""
+    return registry.revert(target, obj)
+
+
+def patched(target: Target, obj: Any = None, *, strict: bool = False) -> Patched[Report]:
+    """``registry.patched`` on the default registry."""
+    return registry.patched(target, obj, strict=strict)

@@ -42,7 +42,7 @@ def assert_consistent(group: Any = None, registry: Registry | None = None) -> st
     the installs they miss or have extra. Returns the common fingerprint. ``registry`` (torch only)
     compares another registry than ``patchreg.registry``; a remote process always gives its default one.
     """
-    from patchreg._api import registry as default_registry
+    from patchreg._registry import registry as default_registry
 
     _check_registry(registry)
     if _is_ray_handles(group):
@@ -82,7 +82,7 @@ async def assert_consistent_async(engine: Any) -> str:
 def fingerprint_here(_instance: object = None) -> dict[str, Any]:
     """This process's ``{"pid", "fingerprint", "lines"}`` of ``patchreg.registry`` (what a remote process answers;
     ``_instance``: the Ray actor a ``__ray_call__`` passes, named by its class)."""
-    from patchreg._api import registry
+    from patchreg._registry import registry
 
     answer: dict[str, Any] = {"pid": os.getpid(), "fingerprint": registry.fingerprint()}
     answer["lines"] = registry.fingerprint_lines()

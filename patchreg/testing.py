@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from patchreg._api import registry as default_registry
 from patchreg._registry import Registry
+from patchreg._registry import registry as default_registry
 
 __all__ = ["patch_registry"]
 

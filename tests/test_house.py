@@ -102,7 +102,6 @@ TESTED_IN = {
     "__init__": "test_registry.py",
     "__main__": "test_cli.py",
     "testing": "test_testing_plugin.py",
-    "verl_plugin": "test_bootstrap_env.py",
 }
 
 

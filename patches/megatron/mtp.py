@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import textwrap
-import threading
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -41,15 +40,7 @@ from patches.megatron._hybrid import (
 )
 from patches.megatron._layers import checkpointed_forward, get_embeddings_detached
 from patches.megatron._loss import Deferred, last_losses, resolved
-from patches.megatron._models import (
-    GPT_FAMILY,
-    HYBRID,
-    HYBRID_FAMILY,
-    MAMBA,
-    known_family,
-    language_models,
-    model_family,
-)
+from patches.megatron._models import GPT_FAMILY, HYBRID, HYBRID_FAMILY, MAMBA, language_models, model_family
 from patches.megatron._native import (
     HEADS_ATTACHED,
     HEADS_DETACHED,
@@ -70,7 +61,7 @@ from patches.megatron._verified import (
     MTP_BLOCK_FORWARD_BODY,
     POSTPROCESS_BODY,
 )
-from patches.megatron.errors import MTPConflictError, MTPPatchError
+from patches.megatron.errors import MTPConflictError
 from patchreg import Patch, PatchConflictError, PatchSet, accepts, check, has, not_needed_when, requires
 
 __all__ = [
@@ -100,7 +91,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("patchreg")
-_new = object.__new__
 _WIDTH = 100  # columns of str(report), as the engine's own reports
 
 _POSTPROCESS_PATH = f"{GPT}:GPTModel._postprocess"
@@ -298,41 +288,40 @@ patchreg.essential(
 patchreg.essential(HEADS_ATTACHED, HEADS_DETACHED, RL_MODE_FORWARD, RL_MODE_MTP_LOSS, RL_MODE_HYBRID_MTP_LOSS)
 
 
-#: bare model class -> its patch set, per detach_encoder (one dict each: a block looks up one)
-_ATTACHED: dict[type, PatchSet] = {}
-_DETACHED: dict[type, PatchSet] = {}
-
-
-def patch_set_for(model: Any, detach_encoder: bool) -> PatchSet:
-    """The patch set for the models in ``model`` (refused with :class:`UnsupportedModelError` if none)."""
-    found = _SETS[model_family(language_models(model)), detach_encoder]
-    if known_family(model) is not None:  # a bare model: remember its class
-        (_DETACHED if detach_encoder else _ATTACHED)[type(model)] = found
-    return found
+def patch_set_for(models: list[Any], detach_encoder: bool) -> PatchSet:
+    """The patch set for ``models`` (found by :func:`language_models`: one family) and ``detach_encoder``."""
+    return _SETS[model_family(models), detach_encoder]
 
 
 class MTPReport:
     """What ``mtp_patched`` installed or skipped, and the per-depth MTP losses of the last step.
 
-    The block makes one at each enter (what ``with mtp_patched(model) as report:`` binds); it is not
-    built by hand.
+    The block makes one at each enter (what ``with mtp_patched(model) as report:`` binds); what it shows is built
+    when it is read. It is not built by hand.
     """
 
-    __slots__ = ("_after", "_cls", "_losses", "_models", "_route", "active", "detach_encoder", "note", "report")
+    __slots__ = ("_after", "_cls", "_has_mtp", "_losses", "_models", "_route", "active", "detach_encoder", "report")
 
-    report: patchreg.Report  #: the engine's report of the block's apply
-    detach_encoder: bool
-    active: bool  #: True while the block is entered
-    note: str  #: set when no model (chunk) holds MTP layers: it returns logits and computes no MTP loss here
-    _models: Sequence[Any]  # held while the block is active
-    _after: int  # steps numbered after this one belong to the block
-    _losses: tuple[Any, ...] | Deferred
-    _cls: type | None
+    def __init__(self, report: patchreg.Report, block: MTPBlock) -> None:
+        self.report = report  #: the engine's report of the block's apply
+        self.detach_encoder = block.detach_encoder
+        self.active = True  #: True while the block is entered
+        self._models: Sequence[Any] = block.models  # held while the block is active
+        self._has_mtp = block.has_mtp
+        self._after = last_losses.count  # steps numbered after this one belong to the block
+        self._losses: tuple[Any, ...] | Deferred = ()
+        self._route: str | None = None
+        self._cls: type | None = None  # the models' class, kept once they are let go
 
     @property
     def model_class(self) -> str:
         """The class name of the model (or chunks) the block patched."""
-        return self._cls.__name__ if self._cls is not None else "?"
+        return (self._cls or type(self._models[0])).__name__
+
+    @property
+    def note(self) -> str:
+        """Set when no model (chunk) holds MTP layers: it returns logits and computes no MTP loss here."""
+        return "" if self._has_mtp else _no_mtp_text(self.model_class)
 
     @property
     def installed(self) -> int:
@@ -379,6 +368,7 @@ class MTPReport:
         """The block ended: keep the losses of its last step, let go of the models."""
         if last_losses.count != self._after:  # a step ran since the block began (its route is numbered after it)
             self._route = route_of(self._take_newest())
+        self._cls = type(self._models[0])
         self.active = False
         self._models = ()
 
@@ -406,44 +396,45 @@ _LOGGED_NO_MTP: list[bool] = []  # the no-MTP note is logged once per process
 
 def _has_mtp(models: Sequence[Any]) -> bool:
     """Whether any of ``models`` holds an MTP block (nn.Modules: read from ``_modules``, no ``__getattr__``)."""
-    for model in models:  # noqa: SIM110 (a loop, not any() over a generator: this runs at every enter)
-        if model._modules.get("mtp") is not None:
-            return True
-    return False
+    return any(model._modules.get("mtp") is not None for model in models)
 
 
-def _no_mtp_text(models: Sequence[Any]) -> str:
-    """The note for ``models`` that hold no MTP block, logged once per process."""
-    note = (
-        f"no MTP layers in this {type(models[0]).__name__} (no .mtp block on this model or chunk): it returns logits "
+def _no_mtp_text(model_class: str) -> str:
+    """The note for models of ``model_class`` that hold no MTP block."""
+    return (
+        f"no MTP layers in this {model_class} (no .mtp block on this model or chunk): it returns logits "
         "and computes no MTP loss here. That is normal for a pipeline stage without MTP; to train MTP, build the "
         "model with mtp_num_layers (GPTModel) or an MTP layer pattern such as '*-*-/*-' (HybridModel)."
     )
-    if not _LOGGED_NO_MTP:
-        _LOGGED_NO_MTP.append(True)
-        logger.info("mtp_patched: %s", note)
-    return note
 
 
 class MTPBlock(patchreg.Patched[MTPReport]):
     """What :func:`mtp_patched` returns: a :class:`patchreg.Patched` block of the MTP patch set on a model.
 
     A context manager (the ``with`` statement binds an :class:`MTPReport`) and a decorator. Enters nest
-    and are per thread, and misuse (exit twice, exit without enter) is handled there. Make one with
-    :func:`mtp_patched`, not by calling the class.
+    and are per thread, and misuse (exit twice, exit without enter) is handled there. ``MTPBlock(model, ...)``
+    is :func:`mtp_patched`: the model's patch set is found when the block is made.
     """
 
-    __slots__ = ("_found", "bare", "detach_encoder")
+    __slots__ = ("detach_encoder", "has_mtp", "models")
 
     detach_encoder: bool  #: the MTP loss trains only the MTP layers (see :func:`mtp_patched`)
-    bare: bool  #: the model is a bare model of a known class (not wrapped, not chunks): found without a walk
+    models: list[Any]  #: the models the block patches: the model itself, what its wrappers hold, or each chunk's
+    has_mtp: bool  #: whether any of them holds MTP layers (a pipeline stage may not)
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        msg = (
-            "MTPBlock is not built by calling the class: call mtp_patched(model, detach_encoder=...), which finds "
-            "the model's patch set and returns the block."
-        )
-        raise MTPPatchError(msg, target="MTPBlock")
+    def __init__(
+        self,
+        model: Any,
+        detach_encoder: bool = False,
+        *,
+        registry: patchreg.Registry | None = None,
+        strict: bool = False,
+    ) -> None:
+        models = self.models = language_models(model)  # refused here, naming the model, when unsupported
+        self.detach_encoder = bool(detach_encoder)
+        self.has_mtp = _has_mtp(models)
+        target = patch_set_for(models, self.detach_encoder)
+        super().__init__(patchreg.registry if registry is None else registry, target, model, strict)
 
     @property
     def model(self) -> Any:
@@ -456,48 +447,26 @@ class MTPBlock(patchreg.Patched[MTPReport]):
         return cast(PatchSet, self.target)
 
     def open(self) -> patchreg.Report:
-        model = self.obj
-        if self.bare:  # a bare model of a class met before: language_models' own first answer
-            target, has_mtp = model, model._modules.get("mtp") is not None
-        else:  # the models themselves: what the selectors find through any wrapper, without the walk
-            models = language_models(model)
-            has_mtp = _has_mtp(models)  # without MTP layers (a pipeline stage): the report's note, no warning
-            target = models[0] if len(models) == 1 else models
-            self._found = (threading.get_ident(), models, has_mtp)  # for value(), right after: no second walk
+        """The apply of the block's set on its models themselves (what the selectors find through any wrapper)."""
+        models, has_mtp = self.models, self.has_mtp
+        if not has_mtp and not _LOGGED_NO_MTP:  # a pipeline stage without MTP layers: the report's note
+            _LOGGED_NO_MTP.append(True)
+            logger.info("mtp_patched: %s", _no_mtp_text(type(models[0]).__name__))
+        target = models[0] if len(models) == 1 else models
         try:
             return self.registry.apply(self.target, target, strict=self.strict, warn=None if has_mtp else False)
         except PatchConflictError as exc:
             raise self._conflict(exc) from exc
 
     def value(self, report: patchreg.Report) -> MTPReport:
-        model = self.obj
-        if self.bare:
-            models, has_mtp = (model,), model._modules.get("mtp") is not None
-        else:
-            found = getattr(self, "_found", None)  # (set by open() only: a bare block never reads it)
-            if found is not None and found[0] == threading.get_ident():  # this thread's open() just walked
-                models, has_mtp = found[1], found[2]
-            else:
-                models = language_models(model)
-                has_mtp = _has_mtp(models)
-            self._found = None
-        made = MTPReport()  # the block's report, made here (the class has no __init__: the cheapest allocation)
-        made.report = report
-        made.detach_encoder = self.detach_encoder
-        made.active = True
-        made.note = "" if has_mtp else _no_mtp_text(models)
-        made._models = models
-        made._after = last_losses.count
-        made._losses = ()
-        made._route = None
-        made._cls = type(models[0])
-        return made
+        return MTPReport(report, self)
 
-    #: after an exit reverted: the report keeps the losses of the block's last step and lets go of the models
-    close = staticmethod(MTPReport._close)  # type: ignore[assignment]  # one call where a method would make two
+    def close(self, value: MTPReport) -> None:
+        """After an exit reverted: the report keeps the losses of the block's last step and lets go of the models."""
+        value._close()
 
     def fresh(self) -> MTPBlock:
-        return mtp_patched(self.model, self.detach_encoder, registry=self.registry, strict=self.strict)
+        return MTPBlock(self.model, self.detach_encoder, registry=self.registry, strict=self.strict)
 
     def _conflict(self, exc: PatchConflictError) -> MTPConflictError:
         other = not self.detach_encoder
@@ -513,10 +482,6 @@ class MTPBlock(patchreg.Patched[MTPReport]):
         return f"mtp_patched({type(self.model).__qualname__}, detach_encoder={self.detach_encoder})"
 
 
-_init = patchreg.Patched.__init__
-_REGISTRY = patchreg.registry  # the default registry (one object for the process)
-
-
 def mtp_patched(
     model: Any, detach_encoder: bool = False, *, registry: patchreg.Registry | None = None, strict: bool = False
 ) -> MTPBlock:
@@ -530,14 +495,4 @@ def mtp_patched(
     refuses a patch whose target is missing instead of skipping it. An unsupported model is refused here,
     with an :class:`UnsupportedModelError` naming it.
     """
-    block = _new(MTPBlock)  # a function, not the class's call: a with statement per step pays for no keyword dict
-    detach = block.detach_encoder = bool(detach_encoder)
-    known = _DETACHED if detach else _ATTACHED
-    patch_set = known.get(type(model))  # a bare model of a class met before: no walk
-    if patch_set is None:
-        patch_set = patch_set_for(model, detach)  # (which remembers a bare model's class)
-        block.bare = type(model) in known
-    else:
-        block.bare = True
-    _init(block, _REGISTRY if registry is None else registry, patch_set, model, strict)
-    return block
+    return MTPBlock(model, detach_encoder, registry=registry, strict=strict)

@@ -21,7 +21,6 @@ import patchreg
 from patches.megatron import (
     MTPBlock,
     MTPConflictError,
-    MTPPatchError,
     UnsupportedModelError,
     mtp_patched,
 )
@@ -253,13 +252,18 @@ def test_block_is_a_whole_patched_block(wrapped: bool) -> None:
             "target": MTP_DETACH_SET,
         }
         assert made.open_count == 0 and made.patch_set is MTP_DETACH_SET and made.detach_encoder is True
-        assert made.bare is not wrapped and isinstance(made, MTPBlock)
+        assert made.models == [model] and made.has_mtp and isinstance(made, MTPBlock)
 
 
-def test_the_block_class_is_not_called() -> None:
-    """MTPBlock called by hand (which would leave the block without its set) is refused, naming mtp_patched."""
-    with pytest.raises(MTPPatchError, match=r"call mtp_patched\(model, detach_encoder=\.\.\.\)"):
-        MTPBlock(build_gpt(), True)
+def test_the_block_class_makes_the_same_block_as_mtp_patched() -> None:
+    """MTPBlock(model, ...) finds the model's patch set as mtp_patched does: the same block, usable the same way."""
+    model = build_gpt()
+    before = dict(vars(model))
+    made, called = MTPBlock(model, True), mtp_patched(model, detach_encoder=True)
+    assert (made.patch_set, made.models, made.registry) == (called.patch_set, called.models, called.registry)
+    with made as report:
+        assert report.installed > 0 and report.detach_encoder is True
+    assert vars(model) == before
 
 
 def test_one_instance_shared_by_threads() -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+from os import environ  # noqa: F401 (os.environ reached through another import path: kinds_sample:environ)
 
 from patchreg import Patch, PatchSet, requires
 
@@ -38,3 +40,16 @@ KINDS = PatchSet(
         Patch("new-const", f"{M}:ADDED", 7, kind="value", create=True, when=requires("attrs>=20")),
     ],
 )
+
+
+class Slotted:
+    """An instance without a __dict__: what it has comes from its class."""
+
+    __slots__ = ("__weakref__",)
+
+    def method(self) -> str:
+        return "class"
+
+
+ORDERED: collections.OrderedDict[str, int] = collections.OrderedDict([("a", 1), ("b", 2), ("c", 3)])
+MIXED: dict[str, object] = {"count": 3, "raw": b"bytes", "none": None}

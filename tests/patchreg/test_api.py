@@ -1,4 +1,4 @@
-"""The module-level API (patchreg._api): apply, revert and patched go through the default registry."""
+"""The module-level API (in patchreg._registry): apply, revert and patched go through the default registry."""
 
 from __future__ import annotations
 

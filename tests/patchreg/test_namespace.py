@@ -6,7 +6,17 @@ import types
 
 import pytest
 
-from patchreg._namespace import ABSENT, bind_like, environ_problem, holder_kind, label, put_back, same, stored_value
+from patchreg._namespace import (
+    ABSENT,
+    binding,
+    build,
+    environ_problem,
+    holder_kind,
+    label,
+    put_back,
+    same,
+    stored_value,
+)
 from tests.patchreg import sample
 
 
@@ -33,9 +43,12 @@ def test_a_replacement_binds_as_the_attribute_it_shadows() -> None:
     def method(self: object) -> str:
         return "mine"
 
-    bound = bind_like(method, child, "method", ABSENT)
+    bound = build("replace", method, "instance", child, "method", ABSENT)
     assert isinstance(bound, types.MethodType) and bound.__self__ is child and bound() == "mine"
-    assert bind_like(method, child, "static", ABSENT) is method
+    assert build("replace", method, "instance", child, "static", ABSENT) is method
+    value, make = binding("replace", method, "instance", child, "method", ABSENT)
+    assert value is None and make is not None and make(child).__self__ is child  # made per install: nothing kept
+    assert binding("replace", method, "instance", child, "static", ABSENT) == (method, None)
 
 
 class _Lowering(dict):  # type: ignore[type-arg]

@@ -112,7 +112,7 @@ def test_fork_child_applies_without_touching_parent(patch_registry: Registry, pr
 @needs_fork
 def test_fork_while_another_thread_holds_the_lock(patch_registry: Registry, pristine: Callable[[], None]) -> None:
     """A fork while another thread is inside the registry gives a child whose registry still works (no deadlock)."""
-    from patchreg import _store
+    from patchreg import _state as _store
 
     leaf = targets.Leaf()  # held: the registry keeps only weak references, a dropped leaf may be collected
     report = patch_registry.apply(_set(), leaf)

@@ -1,7 +1,6 @@
-"""The one-pass path of a warm block (Store.take_planned, the fast part of Store.release) for every kind of install it
-makes: a value on an instance (over its own value too), a wrap on an instance, and an import path's module or class
-attribute installed again. Each must restore exactly as the general way does, and step aside (the general way) when
-what the plan read has changed."""
+"""A warm block (a kept plan re-used) for every kind of install it makes: a value on an instance (over its own value
+too), a wrap on an instance, and an import path's module or class attribute installed again. Each restores exactly as
+the first apply does, and binds again (or resolves again) where what the plan read has changed."""
 
 from __future__ import annotations
 
@@ -55,7 +54,7 @@ def _run(self: _Klass) -> str:
 @pytest.fixture
 def module() -> Iterator[types.ModuleType]:
     """A real module in sys.modules, with a function and a class, gone after the test."""
-    name = "patchreg_one_pass_target"
+    name = "patchreg_warm_block_target"
     mod = types.ModuleType(name)
     mod.loss = _loss  # type: ignore[attr-defined]
     mod.Klass = type("Klass", (_Klass,), {"run": _Klass.run})  # type: ignore[attr-defined]
@@ -78,19 +77,19 @@ def _set(module: types.ModuleType) -> PatchSet:
 
 
 def _warm(registry: Registry, patch_set: PatchSet, model: _Model) -> None:
-    for _ in range(2):  # the second apply makes the plan; the third takes it
+    for _ in range(2):  # the first apply keeps the plan; the next ones re-use it
         with registry.patched(patch_set, model):
             pass
 
 
-def test_every_kind_is_taken_in_one_pass_and_restored_exactly(module: types.ModuleType) -> None:
+def test_every_kind_is_installed_from_the_plan_and_restored_exactly(module: types.ModuleType) -> None:
     """A warm block of a module wrap, a class replace, an instance wrap and an instance value installs and restores
-    in one pass: inside, each patched; after, the very originals (by identity), nothing left in the instance."""
+    from its kept plan: inside, each patched; after, the very originals (by identity), nothing left in the instance."""
     registry, model, patch_set = Registry("t"), _Model(), _set(module)
     loss, run, flag = module.loss, vars(module.Klass)["run"], model.config.flag
     _warm(registry, patch_set, model)
     with registry.patched(patch_set, model) as report:
-        assert report.clean and report.installed == 4
+        assert report.installed == 4
         assert module.loss(1) == 20 and module.Klass().run() == "patched"
         assert model.head.forward() == "wrapped upstream" and model.config.flag == "block value"
     assert report.released and registry.active() == ()
@@ -99,7 +98,7 @@ def test_every_kind_is_taken_in_one_pass_and_restored_exactly(module: types.Modu
 
 
 def test_a_module_function_replaced_between_blocks_is_wrapped_and_put_back(module: types.ModuleType) -> None:
-    """Someone replaced the module's function after the plan was made: the block wraps the new one (the general way)
+    """Someone replaced the module's function after the plan was made: the block binds the wrap again, over the new one,
     and puts the new one back."""
     registry, model, patch_set = Registry("t"), _Model(), _set(module)
     _warm(registry, patch_set, model)
@@ -108,10 +107,10 @@ def test_a_module_function_replaced_between_blocks_is_wrapped_and_put_back(modul
         return x - 1
 
     module.loss = other  # type: ignore[attr-defined]
-    with registry.patched(patch_set, model) as report:
-        assert not report.clean and module.loss(1) == 0
+    with registry.patched(patch_set, model):
+        assert module.loss(1) == 0
     assert module.loss is other
-    with registry.patched(patch_set, model) as report:  # planned again, on the new function
+    with registry.patched(patch_set, model):  # planned again, on the new function
         assert module.loss(1) == 0
     assert module.loss is other
 
@@ -146,8 +145,8 @@ def test_an_instance_value_changed_between_blocks_is_restored_to_the_new_one(mod
     _warm(registry, patch_set, model)
     new = ["new own value"]
     model.config.flag = new
-    with registry.patched(patch_set, model) as report:
-        assert report.clean and model.config.flag == "block value"
+    with registry.patched(patch_set, model):
+        assert model.config.flag == "block value"
     assert model.config.flag is new
     del model.config.flag  # no own value: the class default shows through, and after the block again
     with registry.patched(patch_set, model):
@@ -155,28 +154,28 @@ def test_an_instance_value_changed_between_blocks_is_restored_to_the_new_one(mod
     assert "flag" not in vars(model.config) and model.config.flag == "class default"
 
 
-def test_an_instance_wrap_over_its_own_method_goes_the_general_way(module: types.ModuleType) -> None:
-    """An instance that got its own forward since the plan: the wrap wraps that one (the general way) and puts it
-    back."""
+def test_an_instance_wrap_over_its_own_method_binds_again(module: types.ModuleType) -> None:
+    """An instance that got its own forward since the plan: the wrap wraps that one (the binding rule again) and puts
+    it back."""
     registry, model, patch_set = Registry("t"), _Model(), _set(module)
     _warm(registry, patch_set, model)
     own = model.head.forward = lambda: "own"  # type: ignore[method-assign]
-    with registry.patched(patch_set, model) as report:
-        assert not report.clean and model.head.forward() == "wrapped own"
+    with registry.patched(patch_set, model):
+        assert model.head.forward() == "wrapped own"
     assert vars(model.head)["forward"] is own
 
 
 def test_another_registrys_install_under_a_warm_block_waits_for_it(module: types.ModuleType) -> None:
-    """Another registry's replace of the module's function, under a block warmed over it: the block wraps it the
-    general way (not clean), the other's revert is refused while the block is on top, and each puts back exactly
+    """Another registry's replace of the module's function, under a block warmed over it: the block wraps it (the
+    binding rule again), the other's revert is refused while the block is on top, and each puts back exactly
     what it displaced."""
     registry, other, model, patch_set = Registry("t"), Registry("other"), _Model(), _set(module)
     loss = module.loss
     below = other.apply(Patch("loss-other", f"{module.__name__}:loss", lambda x: 100))
     _warm(registry, patch_set, model)
     for _ in range(2):
-        with registry.patched(patch_set, model) as report:
-            assert not report.clean and module.loss(1) == 1000
+        with registry.patched(patch_set, model):
+            assert module.loss(1) == 1000
             with pytest.raises(PatchError, match="other"):
                 other.revert(below)
         assert module.loss(1) == 100
@@ -197,8 +196,7 @@ def test_another_registrys_value_refuses_a_warm_block_and_leaves_nothing(module:
 
 
 def test_a_block_nested_in_another_models_block_shares_the_module_install(module: types.ModuleType) -> None:
-    """A warm block inside another model's block of the same set shares the module-level install (one user more, in
-    one pass), leaves it installed for the outer block at its exit, and the outer block's exit puts the original
+    """A warm block inside another model's block of the same set shares the module-level install (one user more), leaves it installed for the outer block at its exit, and the outer block's exit puts the original
     back."""
     registry, patch_set = Registry("t"), _set(module)
     inner_model, outer_model = _Model(), _Model()
@@ -206,7 +204,7 @@ def test_a_block_nested_in_another_models_block_shares_the_module_install(module
     with registry.patched(patch_set, outer_model) as outer:
         for _ in range(3):
             with registry.patched(patch_set, inner_model) as inner:
-                assert inner.clean and inner.installed == 2  # the module and class installs are shared
+                assert inner.installed == 2  # the module and class installs are shared
                 assert module.loss(1) == 20 and inner_model.head.forward() == "wrapped upstream"
             assert inner.released and module.loss(1) == 20  # still the outer block's
             (shared,) = [e for e in outer.entries if e.patch == "loss"]

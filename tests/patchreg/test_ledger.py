@@ -1,12 +1,13 @@
-"""The store's records (patchreg._stacks): layers hold instances weakly, stacks name their holder, reports read them."""
+"""The state's records (patchreg._ledger): layers hold instances weakly, stacks name their holder, reports and lazy
+patches read them, plans match only the objects they were made for."""
 
 from __future__ import annotations
 
 import gc
 import weakref
 
-from patchreg import Patch, Registry, Report
-from patchreg._stacks import STORES, Layer, originals
+from patchreg import Patch, PatchSet, Registry, Report
+from patchreg._ledger import Layer, Plan
 from tests.patchreg import kinds_sample as ks
 
 
@@ -55,16 +56,26 @@ def test_a_report_is_readable_after_its_release() -> None:
     assert "(reverted)" in str(report)
 
 
-def test_every_registry_is_listed_weakly_and_originals_come_from_all_of_them() -> None:
-    """A patch's originals are found through every live registry's store, and a registry dropped leaves the list."""
+def test_a_backup_reads_the_live_installs_of_every_registry_newest_last() -> None:
+    """A patch's backup lists the originals of its live installs in any registry, and nothing once they are reverted."""
     first, second = Registry("a"), Registry("b")
     flag = Patch("flag", f"{ks.M}:FLAG", True, kind="value")
-    report = first.apply(flag)
-    try:
-        assert originals(flag) == [(ks, False)] and len([s for s in STORES if s.owner() is second]) == 1
-    finally:
-        first.revert(report)
-    assert originals(flag) == []
-    del second
-    gc.collect()
-    assert all(s.owner() is not None for s in STORES)
+    one = first.apply(flag)
+    two = second.apply(flag)
+    assert flag.backup.get(ks) is True and len(flag.backup) == 1 and ks in flag.backup  # b's: over a's install
+    assert [la.owner.name for la in flag.backup.layers()] == ["a", "b"]
+    second.revert(two)
+    assert flag.backup.get(ks) is False  # a's: the module's own value
+    first.revert(one)
+    assert flag.backup.layers() == [] and flag.backup.get(ks, "none") == "none"
+
+
+def test_a_plan_matches_only_the_objects_it_was_made_for() -> None:
+    """A plan kept for a set on one model is not the plan of an equal set, of another model, or of chunks."""
+    registry, model, other = Registry("t"), _Model(), _Model()
+    patch_set = PatchSet("s", [FORWARD])
+    registry.revert(registry.apply(patch_set, model))
+    plan = registry._book.plan_for(patch_set, model)
+    assert isinstance(plan, Plan) and plan.matches(patch_set, model)
+    assert not plan.matches(PatchSet("s", [FORWARD]), model) and not plan.matches(patch_set, other)
+    assert not plan.matches(patch_set, [model])
