@@ -1,8 +1,10 @@
-"""``python scripts/warm_trace.py``: the Python calls, and the modules they are in, of one warm ``mtp_patched`` enter +
-exit (the fifth on the same model) on the benchmarks' tiny GPTModel and HybridModel, one and three MTP layers, CPU.
+"""``python scripts/warm_trace.py``: the Python calls, and the modules they are in, of one ``mtp_patched`` enter +
+exit on the benchmarks' tiny GPTModel and HybridModel, one and three MTP layers, CPU: the first on a fresh model
+(cold: it resolves and keeps the plan) and the fifth on the same model (warm: it re-uses it).
 
-Traced with ``sys.setprofile``; a line per model: whether the block took the one-pass way (``clean``), the calls and
-their modules, then the calls in order. The architecture guide's "The warm block" quotes it.
+Traced with ``sys.setprofile``; per model two lines, cold and warm: the calls and their modules, then the warm
+calls in order. Both run the same install loop (``take``) and release loop (``release``); the cold one resolves
+first (``make_plan``). The architecture guide quotes it.
 """
 
 from __future__ import annotations
@@ -16,12 +18,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def trace(model: Any, label: str) -> None:
+def _traced(model: Any) -> list[tuple[str, str]]:
     from patches.megatron import mtp_patched
 
-    for _ in range(4):
-        with mtp_patched(model, detach_encoder=True):
-            pass
     calls: list[tuple[str, str]] = []
 
     def profile(frame: Any, event: str, arg: Any) -> None:
@@ -29,13 +28,26 @@ def trace(model: Any, label: str) -> None:
             calls.append((Path(frame.f_code.co_filename).name, frame.f_code.co_name))
 
     sys.setprofile(profile)
-    with mtp_patched(model, detach_encoder=True) as report:
+    with mtp_patched(model, detach_encoder=True):
         pass
     sys.setprofile(None)
-    modules = collections.Counter(name for name, _f in calls)
-    way = "one pass" if report.report.clean else "general way"
-    print(f"{label}: {way}, {len(calls)} calls in {len(modules)} modules {dict(modules)}")
-    print("   ", " ".join(f for _n, f in calls))
+    return calls
+
+
+def trace(model: Any, label: str) -> None:
+    from patches.megatron import mtp_patched
+
+    cold = _traced(model)
+    for _ in range(3):
+        with mtp_patched(model, detach_encoder=True):
+            pass
+    warm = _traced(model)
+    for name, calls in (("cold", cold), ("warm", warm)):
+        modules = collections.Counter(module for module, _f in calls)
+        engine = [f for module, f in calls if module in ("_registry.py", "_state.py", "_plans.py")]
+        print(f"{label}, {name}: {len(calls)} calls in {len(modules)} modules {dict(modules)}")
+        print("    engine:", " ".join(dict.fromkeys(engine)))
+    print("    warm, in order:", " ".join(f for _m, f in warm))
 
 
 def main() -> int:
