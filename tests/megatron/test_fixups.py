@@ -19,6 +19,7 @@ import torch
 
 import patchreg
 from patches.megatron import MTP_FIXUPS_SET, PACKED_PADDED_ROLL, _fixups, mtp_patched
+from patches.megatron._loss import tracked_losses
 from tests.megatron.conftest import MCORE, VOCAB, build_gpt, record_measurement
 from tests.megatron.hybrid_models import build_hybrid, hybrid_skip_reason
 
@@ -153,11 +154,10 @@ def test_without_the_fixup_the_packed_padded_mtp_loss_is_wrong(family: str, dept
 
 
 def _tracker_losses(depth: int) -> tuple[float, ...]:
-    """The per-depth losses upstream logged to its MTP tracker (0.19: loss_values; before: values)."""
+    """The per-depth losses upstream logged to its MTP tracker."""
     from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
 
-    tracker = MTPLossLoggingHelper.tracker
-    values = tracker.get("loss_values", tracker.get("values"))
+    values = tracked_losses(MTPLossLoggingHelper.tracker)
     assert values is not None and len(values) == depth
     return tuple(float(v) for v in values)
 
