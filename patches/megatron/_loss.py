@@ -11,12 +11,13 @@ own semantics: 0.17+ (``process_mtp_loss``) renormalises against the main loss's
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from patches.megatron._compat import MTP, adapter, module, per_function, upstream
+from patches.megatron._compat import MTP, adapter, module, per_function, unmet, upstream
 from patchreg import accepts, has, on_refresh
 
 #: Upstream's RL mode (0.19+): ``process_mtp_loss(..., labels=None, input_ids=...)`` derives the MTP labels.
@@ -43,6 +44,7 @@ __all__ = [
     "roll_form",
     "rolls",
     "tracked_losses",
+    "unmet_calls",
 ]
 
 
@@ -212,6 +214,24 @@ def rolls(
     return list(roll_tensor(**adapter(roll_tensor).kwargs(available)))
 
 
+def unmet_calls(todays: bool) -> list[str]:
+    """The upstream functions an MTP loss of this route calls (``todays``: today's patches, which also log to the
+    tracker; else the native route, which only records the losses) in a form the patches cannot call."""
+    found = []
+    roll_tensor = upstream(MTP, "roll_tensor")
+    if roll_tensor is not None and not roll_form(roll_tensor):
+        found.append(
+            f"roll_tensor{inspect.signature(roll_tensor)} is in neither form the patches call: roll_tensor(tensor, "
+            "...) -> (rolled, sum) (0.13-0.19.2, main) or roll_tensor(tensors=[...], ...) -> [rolled] (dev)"
+        )
+    helper = upstream(MTP, "MTPLossLoggingHelper")
+    if todays and helper is not None:
+        save, counts = _tracker_save(helper)
+        why = unmet(save, _TRACKED_WITH_COUNTS if counts else _TRACKED)
+        found += [f"MTPLossLoggingHelper.{why}"] if why else []
+    return found
+
+
 def _roll_pair(
     labels: Any, mask: Any, cp_group: Any, packed: Any, context: Any, fields: Sequence[str], depth: int
 ) -> tuple[Any, Any, Any]:
@@ -330,6 +350,17 @@ def tracked_losses(tracker: Mapping[str, Any]) -> Any:
     return found if found is not None else tracker.get("values")
 
 
+#: What _TrackerLog passes the tracker's helper: save_loss_to_tracker (0.13-0.18), save_metrics_to_tracker (0.19+)
+_TRACKED = frozenset(("loss", "layer_number", "num_layers", "avg_group"))
+_TRACKED_WITH_COUNTS = _TRACKED | {"correct", "total"}
+
+
+def _tracker_save(helper: Any) -> tuple[Any, bool]:
+    """The helper's function today's patches log an MTP loss with, and whether it takes acceptance counts."""
+    save = getattr(helper, "save_metrics_to_tracker", None)
+    return (save, True) if save is not None else (helper.save_loss_to_tracker, False)
+
+
 class _TrackerLog:
     """Megatron-Core's own MTP tracker for one forward, through whichever API the release has.
 
@@ -341,10 +372,7 @@ class _TrackerLog:
     __slots__ = ("available", "gather", "model", "save_fn", "saver", "tp_group", "wants_counts")
 
     def __init__(self, model: Any, tp_group: Any, runtime_gather_output: Any) -> None:
-        helper = upstream(MTP, "MTPLossLoggingHelper")
-        save = getattr(helper, "save_metrics_to_tracker", None)
-        self.wants_counts = save is not None
-        self.save_fn = save if save is not None else helper.save_loss_to_tracker
+        self.save_fn, self.wants_counts = _tracker_save(upstream(MTP, "MTPLossLoggingHelper"))
         self.saver = adapter(self.save_fn)
         self.model, self.tp_group, self.gather = model, tp_group, runtime_gather_output
         self.available = {"num_layers": model.config.mtp_num_layers, "avg_group": _avg_group()}

@@ -26,13 +26,13 @@ from __future__ import annotations
 import types
 from typing import Any
 
-from patches.megatron._compat import GPT, MTP, binder, mcore_version, upstream
+from patches.megatron._compat import GPT, MTP, binder, mcore_version, refusal, upstream
 from patches.megatron._hybrid import Call, call_in_block, run_in_block
-from patches.megatron._loss import RL_MODE, Deferred, last_losses, masked_means, mtp_cp_group, rolls
+from patches.megatron._loss import RL_MODE, Deferred, last_losses, masked_means, mtp_cp_group, rolls, unmet_calls
 from patches.megatron._models import HYBRID
 from patches.megatron._postprocess import in_inference
 from patches.megatron._verified import GPT_MTP_LOSS_BODY, HYBRID_MTP_LOSS_BODY
-from patchreg import Patch, check, has, not_needed_when, on_refresh
+from patchreg import Answer, Patch, check, has, not_needed_when, on_refresh
 
 __all__ = [
     "NATIVE",
@@ -114,8 +114,18 @@ def _probe() -> tuple[bool, str]:
 NATIVE = check(_probe, "upstream's RL mode (labels=None) with mtp_detach_heads")
 
 
-def _covered() -> tuple[bool, str]:
+def _route() -> Answer:
+    """The probe's answer, once the upstream functions the route it picks calls have a form the patches can call;
+    else the block is refused here, at its entry, naming them (never with a failure in the middle of a forward)."""
     answer = NATIVE.evaluate()
+    unmet = unmet_calls(todays=not answer.ok)
+    if unmet:
+        raise refusal(unmet, "upstream's RL mode (the native route)" if answer.ok else "today's patches")
+    return answer
+
+
+def _covered() -> tuple[bool, str]:
+    answer = _route()
     if answer.ok:
         return True, f"{UPSTREAM} ({answer.reason})"
     return False, f"patched: {answer.reason}"
@@ -126,7 +136,7 @@ natively_covered = check(_covered, UPSTREAM)
 
 
 def _todays_patches() -> tuple[bool, str]:
-    answer = NATIVE.evaluate()
+    answer = _route()
     return not answer.ok, (
         f"{UPSTREAM}: {answer.reason}" if answer.ok else f"patched: today's patches carry it ({answer.reason})"
     )

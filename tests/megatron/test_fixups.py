@@ -46,6 +46,15 @@ def _needed() -> None:
         pytest.skip(f"packed_padded_roll does not install on megatron-core {MCORE}: {answer.reason}")
 
 
+def _packed_roll() -> None:
+    """Skip where upstream's MTP has no packed roll (before 0.16): there is no padded pack to get right."""
+    from patches.megatron._fixups import _no_packed_roll
+
+    none, reason = _no_packed_roll()
+    if none:
+        pytest.skip(f"megatron-core {MCORE}: {reason}")
+
+
 def bshd_batch(seed: int = 3) -> dict[str, Any]:
     """The two sequences as two rows of 8 (pads at the end), label-aligned mask: 1 where the next token is real."""
     gen = torch.Generator().manual_seed(seed)
@@ -116,8 +125,9 @@ def _valid_logits(logits: Any) -> Any:
 @pytest.mark.parametrize("depth", [1, 2])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_packed_padded_equals_per_sequence_bshd(family: str, depth: int, tied: bool, detach: bool) -> None:
-    """In mtp_patched a padded pack gives the per-depth MTP losses and gradients of the same sequences as bshd rows."""
-    _needed()
+    """In mtp_patched a padded pack gives the per-depth MTP losses and gradients of the same sequences as bshd rows
+    (fixed up where upstream rolls it wrong, upstream's own roll where the probe finds it right)."""
+    _packed_roll()
     model = build(family, depth, tied)
     bshd = bshd_batch()
     want = _patched(model, bshd, detach, fixup=True)
@@ -191,6 +201,29 @@ def test_the_standalone_set_fixes_upstreams_own_mtp(depth: int) -> None:
     record_measurement(f"packed-padded upstream unfixed loss (depth={depth})", loss_broken)
     record_measurement(f"packed-padded upstream unfixed mtp grad (depth={depth})", mtp_broken)
     assert loss_broken > 1e-3 and mtp_broken > 1e-3, (loss_broken, mtp_broken)
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_where_the_probe_finds_upstream_right_its_own_mtp_is_exact_on_a_padded_pack(depth: int) -> None:
+    """Where the probe says upstream rolls a padded pack on its padded boundaries (dev), upstream's own MTP on a padded
+    pack equals the bshd rows with no fix-up, and mtp_patched says the fix-up is not needed here."""
+    _packed_roll()
+    answer = PACKED_PADDED_ROLL.when.evaluate()
+    if answer.ok:
+        pytest.skip(f"upstream rolls a padded pack wrong on megatron-core {MCORE} (the fix-up applies)")
+    model = build_gpt(mtp_num_layers=depth)
+    bshd = bshd_batch()
+    want = _upstream(model, bshd, fixup=False, depth=depth)
+    got = _upstream(model, packed_batch(bshd), fixup=False, depth=depth)
+    loss, mtp, trunk = _diffs(got, want)
+    record_measurement(f"packed-padded upstream, no fix-up needed, loss (depth={depth})", loss)
+    assert loss <= TOLERANCE and mtp <= TOLERANCE and trunk <= TOLERANCE, (loss, mtp, trunk)
+    assert "padded boundaries" in answer.reason and "not needed here" in answer.reason
+    with mtp_patched(model) as report:
+        pass
+    assert "fix-up packed_padded_roll: not applied: not needed here: roll_tensor rolls a padded pack" in " ".join(
+        str(report).split()
+    )
 
 
 @pytest.mark.no_distributed
