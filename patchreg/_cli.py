@@ -32,6 +32,7 @@ from patchreg._format import WIDTH, table, wrap
 from patchreg._predicates import distributions, provider
 from patchreg._records import Patch
 from patchreg._registry import Registry
+from patchreg._sources import requirement_of
 from patchreg._targets import ImportPath
 from patchreg.exceptions import PatchError, PatchWarning
 
@@ -268,8 +269,8 @@ def _versions(patch: Patch) -> dict[str, str]:
     modules = [patch.where.module] if isinstance(patch.where, ImportPath) else []
     for path in _paths(patch.when):
         modules.append(path.partition(":")[0])
-    for module in modules:
-        names.update(_owners(module.partition(".")[0]))
+    for module in modules:  # no metadata (a source tree): the distribution whose package holds the module
+        names.update(_owners(module.partition(".")[0]) or filter(None, [requirement_of(module)]))
     return {name: _version(name) for name in sorted(names)}
 
 
