@@ -55,8 +55,10 @@ class Provider:
             if self.overlaid is not None:
                 dist, version, where = self.overlaid
                 how = f"imported instead of the installed {dist} {version} in {where}"
+            elif self.distribution is not None:
+                return f"{self.name} {self.version} (read from {self.source})"
             else:
-                how = "no distribution metadata" if self.distribution is None else f"{self.distribution}'s files"
+                how = "no distribution metadata"
             return f"{self.name} {self.version} (read from {self.source}; {how})"
         if self.distribution != self.name:
             return f"{self.distribution} {self.version} provides {self.name}"
@@ -198,8 +200,8 @@ class Static:
 class Code:
     """The code predicates are judged on without importing it (``doctor --against``).
 
-    A module whose top-level package is in ``packages`` is read from ``roots`` (a candidate's unpacked
-    tree); any other from the installed files. ``label`` names the candidate; ``distribution`` and
+    A module in one of ``packages`` (dotted: ``megatron.core``, where ``megatron`` is a namespace another
+    distribution shares) is read from ``roots`` (a candidate's unpacked tree); any other from the installed files. ``label`` names the candidate; ``distribution`` and
     ``metadata_version`` are its metadata when it has some (a wheel's ``.dist-info``), which answers
     for its version only where its files write none.
     """
@@ -211,8 +213,8 @@ class Code:
     metadata_version: str | None = None
 
     def owns(self, module: str) -> bool:
-        """Whether ``module`` (dotted) is read from the candidate."""
-        return module.partition(".")[0] in self.packages
+        """Whether ``module`` (dotted) is read from the candidate: it is, or is in, one of its ``packages``."""
+        return any(module == p or module.startswith(f"{p}.") for p in self.packages)
 
     def locate(self, module: str) -> Path | None:
         """The source file of ``module`` in the candidate, or as installed."""
@@ -229,7 +231,7 @@ class Code:
         read = read_version(name, self.roots)
         mine = self.distribution is not None and canonicalize_name(self.distribution) == canonicalize_name(name)
         if read is not None:
-            return Provider(name, name if mine else None, read[0], source=str(read[1]))
+            return Provider(name, name if mine else None, read[0], source=f"{self._relative(read[1])} in {self.label}")
         if mine and self.metadata_version is not None:
             return Provider(name, name, self.metadata_version)
         return Provider(name, None, None, source=self.label)
@@ -241,3 +243,10 @@ class Code:
     def where(self, reason: str, path: str) -> str:
         """``reason`` about import path ``path``, saying when it was read in the candidate."""
         return f"{reason} (in {self.label})" if self.owns(path.partition(":")[0]) else reason
+
+    def _relative(self, file: Path) -> str:
+        """``file`` relative to the candidate's root that holds it (its unpacked folder is temporary)."""
+        for root in self.roots:
+            if file.is_relative_to(root):
+                return file.relative_to(root).as_posix()
+        return str(file)
