@@ -21,7 +21,8 @@ TREES=${SOURCE_TREES:-"main dev 0.18.2 0.19.2 main-overlay"}
 # the issue-41 rows (test_source_trees.py). The overlay run needs only the rows.
 TESTS=(tests/megatron/test_source_trees.py tests/megatron/test_families.py tests/megatron/test_fixups.py
     tests/megatron/test_native_route.py tests/megatron/test_mtp.py tests/megatron/test_hybrid.py
-    tests/megatron/test_cpu.py tests/megatron/test_doctor.py tests/megatron/test_compat.py)
+    tests/megatron/test_cpu.py tests/megatron/test_doctor.py tests/megatron/test_compat.py tests/megatron/test_native.py
+    tests/megatron/test_verify.py)
 OVERLAY_TESTS=(tests/megatron/test_source_trees.py)
 mkdir -p "$WORK" "$OUT"
 
