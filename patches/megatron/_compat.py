@@ -29,6 +29,7 @@ __all__ = [
     "binder",
     "call",
     "call_kwargs",
+    "form",
     "mcore_version",
     "module",
     "parameters",
@@ -220,7 +221,13 @@ def unmet(func: Callable[..., Any], supplied: Collection[str]) -> str | None:
     missing = [name for name in adapter(func).required if name not in supplied]
     if not missing:
         return None
-    return f"{_where(func)}{inspect.signature(func)} requires {', '.join(map(repr, missing))}, which the patches do not pass"
+    return f"{form(func)} requires {', '.join(map(repr, missing))}, which the patches do not pass"
+
+
+def form(func: Callable[..., Any]) -> str:
+    """``func`` as its module, name and parameter names: ``megatron.core...roll_tensor(tensors, shifts, ...)``."""
+    names = ", ".join(inspect.signature(func).parameters)
+    return f"{getattr(_unwrap(func), '__module__', '?')}.{_where(func)}({names})"
 
 
 def refusal(unmet: Sequence[str], route: str) -> MissingUpstreamArgumentError:

@@ -11,13 +11,12 @@ own semantics: 0.17+ (``process_mtp_loss``) renormalises against the main loss's
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from patches.megatron._compat import MTP, adapter, module, per_function, unmet, upstream
+from patches.megatron._compat import MTP, adapter, form, module, per_function, unmet, upstream
 from patchreg import accepts, has, on_refresh
 
 #: Upstream's RL mode (0.19+): ``process_mtp_loss(..., labels=None, input_ids=...)`` derives the MTP labels.
@@ -167,9 +166,9 @@ def roll_form(roll_tensor: Any) -> str:
 
 def _read_roll_form(roll_tensor: Any) -> str:
     found = adapter(roll_tensor)
-    for form in ROLL_FORMS:
-        if form in found.names and set(found.required) <= {form}:
-            return form
+    for first in ROLL_FORMS:
+        if first in found.names and set(found.required) <= {first}:
+            return first
     return ""
 
 
@@ -221,14 +220,14 @@ def unmet_calls(todays: bool) -> list[str]:
     roll_tensor = upstream(MTP, "roll_tensor")
     if roll_tensor is not None and not roll_form(roll_tensor):
         found.append(
-            f"roll_tensor{inspect.signature(roll_tensor)} is in neither form the patches call: roll_tensor(tensor, "
-            "...) -> (rolled, sum) (0.13-0.19.2, main) or roll_tensor(tensors=[...], ...) -> [rolled] (dev)"
+            f"{form(roll_tensor)} is in neither form the patches call: roll_tensor(tensor, ...) -> (rolled, sum) "
+            "(0.13-0.19.2, main) or roll_tensor(tensors=[...], ...) -> [rolled] (dev)"
         )
     helper = upstream(MTP, "MTPLossLoggingHelper")
     if todays and helper is not None:
         save, counts = _tracker_save(helper)
         why = unmet(save, _TRACKED_WITH_COUNTS if counts else _TRACKED)
-        found += [f"MTPLossLoggingHelper.{why}"] if why else []
+        found += [why] if why else []
     return found
 
 

@@ -274,3 +274,41 @@ def test_an_upstream_form_the_patches_cannot_call_is_refused_at_entry(family: st
     with mtp_patched(model) as report:
         assert model(*batch.args(), **batch.kwargs()).shape == (2, 8, 64)
     assert len(report.mtp_losses) == 1
+
+
+@pytest.mark.parametrize(
+    ("where", "names", "callee"),
+    [
+        ("patches.megatron._postprocess", "_BLOCK_INPUTS", "MultiTokenPredictionBlock.forward"),
+        ("patches.megatron._loss", "_TRACKED_WITH_COUNTS", "MTPLossLoggingHelper.save_metrics_to_tracker"),
+        ("patches.megatron._loss", "_TRACKED", "MTPLossLoggingHelper.save_loss_to_tracker"),
+    ],
+    ids=["mtp-block", "tracker-0.19", "tracker"],
+)
+def test_a_callee_requiring_what_todays_patches_do_not_pass_is_refused_at_entry(
+    where: str, names: str, callee: str, todays_route: None, monkeypatch: Any
+) -> None:
+    """On today's route, an upstream callee (the MTP block's forward, the tracker's helper) requiring an argument the
+    patches do not pass refuses the GPTModel block at its entry, naming it: never MissingUpstreamArgumentError in the
+    middle of the first forward (as the patches' list of what they pass is cut here)."""
+    import importlib
+
+    from megatron.core.transformer import multi_token_prediction as mtp
+
+    owner, attr = callee.split(".")
+    function = getattr(getattr(mtp, owner, None), attr, None)
+    if function is None or (names == "_TRACKED" and hasattr(mtp.MTPLossLoggingHelper, "save_metrics_to_tracker")):
+        pytest.skip(f"megatron-core {MCORE}: today's patches call no {callee} here")
+    required = [n for n, p in inspect.signature(function).parameters.items() if p.default is p.empty and n != "self"]
+    module = importlib.import_module(where)
+    monkeypatch.setattr(module, names, getattr(module, names) - {required[0]})
+    patchreg.refresh()
+    model, batch = build("GPTModel"), make_batch()
+    ran: list[bool] = []
+    model.register_forward_pre_hook(lambda *_: ran.append(True))
+    with (
+        pytest.raises(MissingUpstreamArgumentError, match=rf"{callee}\(.*requires '{required[0]}'"),
+        mtp_patched(model),
+    ):
+        model(*batch.args(), **batch.kwargs())
+    assert ran == [] and "_postprocess" not in vars(model)
