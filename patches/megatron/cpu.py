@@ -357,7 +357,6 @@ def _metrics_tracker_not_needed() -> tuple[bool, str]:
 # --- inference_linear_on_cpu (issue 41): main's MTP layer asks whether eh_proj is an inference-optimized linear. ---
 _INFERENCE = "megatron.core.tensor_parallel.inference_layers"
 _INFERENCE_LINEARS = ("InferenceColumnParallelLinear", "InferenceLayerNormColumnParallelLinear")
-_INFERENCE_LINEAR_BODY = _body(f"{_INFERENCE}:is_inference_column_parallel_linear", {"0.20.0": "19b1698fb709dfd2"})
 
 
 def _inference_linear_classes() -> tuple[type, ...]:
@@ -490,7 +489,7 @@ CPU_SET = PatchSet(
         Patch("inference_linear_on_cpu", f"{MTP}:is_inference_column_parallel_linear", _is_inference_linear,
               when=not_needed_when(check(_no_inference_linear_check, "no inference-linear check in the MTP layer"))
               & not_needed_when(check(_inference_linears_are_classes, "the inference linears are classes"))
-              & has(f"{MTP}:is_inference_column_parallel_linear"), verified=_INFERENCE_LINEAR_BODY),
+              & has(f"{MTP}:is_inference_column_parallel_linear")),
         *_HYBRID_NORM_PATCHES,
     ),
     doc="CPU-only shims so tiny Megatron-Core models run forward and backward without CUDA",
