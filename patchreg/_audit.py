@@ -113,8 +113,11 @@ def _archive(path: Path, workdir: Path, label: str) -> Code:
             with zipfile.ZipFile(path) as zf:
                 zf.extractall(dest)
         else:
-            with tarfile.open(path) as tf:
-                tf.extractall(dest, filter="data")
+            with tarfile.open(path) as tf:  # the "data" filter refuses links and paths out of dest (3.10.12+)
+                if hasattr(tarfile, "data_filter"):
+                    tf.extractall(dest, filter="data")
+                else:
+                    tf.extractall(dest)
     except (OSError, tarfile.TarError, zipfile.BadZipFile) as exc:
         msg = f"candidate {label!r} is neither a wheel nor an sdist ({type(exc).__name__}: {exc})."
         raise CandidateError(msg) from None

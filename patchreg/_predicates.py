@@ -530,7 +530,7 @@ class _NotNeeded(Predicate):
         return f"not_needed_when({self.part.describe()})"
 
     def against(self, code: Code) -> Static:
-        ok, reason, _needed = attrs.astuple(self.part.against(code))
+        ok, reason, _needed = self.part.against(code)
         if ok is None:
             return Static(None, f"not needed here if {reason}", needed=False)
         return Static(False, f"not needed here: {reason}", needed=False) if ok else Static(True, f"needed: {reason}")

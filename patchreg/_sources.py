@@ -21,9 +21,8 @@ import sys
 import textwrap
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
-import attrs
 from packaging.utils import canonicalize_name
 
 __all__ = [
@@ -44,8 +43,7 @@ Locator = Callable[[str], "Path | None"]
 State = Literal["found", "missing", "unknown"]
 
 
-@attrs.frozen
-class Reader:
+class Reader(NamedTuple):
     """Where a distribution's version is written in its own files: its import package, and files of it, in order."""
 
     package: str
@@ -221,15 +219,14 @@ def _written_version(tree: ast.Module) -> str | None:
 # -- a definition in the source --------------------------------------------------------------------
 
 
-@attrs.frozen
-class Found:
+class Found(NamedTuple):
     """What :func:`find` found: a definition (``node`` in the file ``text``, defined at ``where``), its absence, or
     ``"unknown"`` (only importing could tell: a module ``__getattr__``, a base class out of reach)."""
 
     state: State
     reason: str
-    node: ast.AST | None = attrs.field(default=None, eq=False, repr=False)
-    text: str = attrs.field(default="", eq=False, repr=False)
+    node: ast.AST | None = None
+    text: str = ""
     where: str = ""
 
     def source(self) -> str:
@@ -241,8 +238,7 @@ class Found:
         return textwrap.dedent("\n".join(self.text.splitlines()[first - 1 : node.end_lineno]) + "\n")
 
 
-@attrs.frozen
-class _Module:
+class _Module(NamedTuple):
     """One parsed module, and how to reach the others (``locator``) with ``depth`` steps left."""
 
     name: str

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.metadata
 from pathlib import Path
+from typing import NamedTuple
 
 import attrs
 from packaging.utils import canonicalize_name
@@ -183,8 +184,7 @@ def _editable_dir(dist: importlib.metadata.Distribution) -> Path | None:
     return Path(url.removeprefix("file://")).resolve() if editable and url.startswith("file://") else None
 
 
-@attrs.frozen
-class Static:
+class Static(NamedTuple):
     """A predicate judged on source files without importing them (``Predicate.against``, ``doctor --against``).
 
     ``ok`` is None when only importing can tell (a behavioural probe, a name served by ``__getattr__``);
@@ -196,8 +196,7 @@ class Static:
     needed: bool = True
 
 
-@attrs.frozen
-class Code:
+class Code(NamedTuple):
     """The code predicates are judged on without importing it (``doctor --against``).
 
     A module in one of ``packages`` (dotted: ``megatron.core``, where ``megatron`` is a namespace another

@@ -35,6 +35,8 @@ import zipfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from packaging.utils import canonicalize_name
+
 REPO = Path(__file__).resolve().parents[1]
 
 __all__ = ["REPO", "run", "snapshot", "unpack", "venv_without", "wheel"]
@@ -52,7 +54,8 @@ def snapshot(branch: str) -> Path | None:
 def venv_without(names: Iterable[str], dest: Path, python: str = sys.executable) -> Path:
     """A venv at ``dest`` mirroring ``python``'s site-packages without distributions ``names``; its python.
 
-    Reuses ``dest`` when it was made for the same names (a marker file records them).
+    Reuses ``dest`` when it was made for the same names (a marker file records them). When none of ``names`` is
+    installed in that site-packages (an overlay on ``PYTHONPATH`` does not count), ``python`` itself is returned.
     """
     names = sorted(names)
     marker = dest / ".without"
@@ -62,6 +65,8 @@ def venv_without(names: Iterable[str], dest: Path, python: str = sys.executable)
     shutil.rmtree(dest, ignore_errors=True)
     site = Path(_purelib(python))
     excluded = _owned(names, site, python)
+    if not excluded:  # none of them is installed there: that python is already without them
+        return Path(python)
     subprocess.run([python, "-m", "venv", "--without-pip", str(dest)], check=True)
     mirror = Path(_purelib(str(target)))
     shutil.rmtree(mirror)
@@ -83,15 +88,12 @@ def _owned(names: Sequence[str], site: Path, python: str) -> set[str]:
         msg = "venv_without() reads the distributions' RECORD in this interpreter: run it with that python."
         raise SystemExit(msg)
     owned: set[str] = set()
-    for name in names:
-        dist = importlib.metadata.distribution(name)
-        for file in dist.files or ():
-            path = Path(str(dist.locate_file(file))).resolve()
-            if path.is_relative_to(site.resolve()):
-                owned.add(path.relative_to(site.resolve()).as_posix())
-    if not owned:
-        msg = f"none of {', '.join(names)} is installed in {site}: nothing to leave out."
-        raise SystemExit(msg)
+    for dist in importlib.metadata.distributions(path=[str(site)]):  # those of site-packages only (not an overlay)
+        if dist.name is not None and canonicalize_name(dist.name) in {canonicalize_name(n) for n in names}:
+            for file in dist.files or ():
+                path = Path(str(dist.locate_file(file))).resolve()
+                if path.is_relative_to(site.resolve()):
+                    owned.add(path.relative_to(site.resolve()).as_posix())
     return owned
 
 

@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from patchreg import refresh
+from patchreg import provider, refresh
 from patchreg._cli import run
+from patchreg._versions import Provider
 from tests.patchreg.audit_sample import RELEASES
 
 SAMPLE = "tests.patchreg.audit_sample"
@@ -205,6 +206,14 @@ CPU_INSTALLS = {
 }
 
 
+@pytest.fixture
+def from_0192() -> None:
+    """The verdicts below are judged from the default lane's megatron-core 0.19.2 (the diffs, "same as installed")."""
+    refresh()
+    if provider("megatron-core") != Provider("megatron-core", "megatron-core", "0.19.2"):
+        pytest.skip(f"judged from megatron-core 0.19.2 as installed; here: {provider('megatron-core').describe()}")
+
+
 def _real(candidate: Path | str) -> tuple[int, dict[str, Any], dict[str, Any]]:
     out = io.StringIO()
     status = run(["doctor", "--json", *MEGATRON_SETS, "--against", str(candidate)], out=out)
@@ -217,7 +226,7 @@ def _imported_from(tree: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("branch", ["main", "dev"])
-def test_the_snapshots_verdicts(megatron_tree: Callable[..., Path], branch: str) -> None:
+def test_the_snapshots_verdicts(megatron_tree: Callable[..., Path], branch: str, from_0192: None) -> None:
     """main and dev: the CPU shims install, the changed MTP bodies are named with their diffs, megatron-bridge is not
     judged (another distribution in the namespace), and nothing of the tree is imported."""
     tree = megatron_tree(branch)
@@ -243,7 +252,7 @@ def test_the_snapshots_verdicts(megatron_tree: Callable[..., Path], branch: str)
     assert _imported_from(tree) == []
 
 
-def test_the_018_wheel_from_019(megatron_tree: Callable[..., Path]) -> None:
+def test_the_018_wheel_from_019(megatron_tree: Callable[..., Path], from_0192: None) -> None:
     """The 0.18.2 wheel, judged from the installed 0.19.2: its MTP bodies are the ones verified for 0.18.2, only those
     verified solely for other releases are named, and the CPU shims install."""
     from scripts.source_tree import REPO, wheel
@@ -260,7 +269,7 @@ def test_the_018_wheel_from_019(megatron_tree: Callable[..., Path]) -> None:
 
 
 def test_a_requirement_is_downloaded_with_pip(
-    megatron_tree: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+    megatron_tree: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, from_0192: None
 ) -> None:
     """``--against megatron-core==0.18.2`` fetches the wheel with pip download (here from the cached wheel, offline)."""
     from scripts.source_tree import REPO

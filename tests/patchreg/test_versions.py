@@ -7,6 +7,7 @@ unpacked without its ``.dist-info``), as Megatron-LM's own launch scripts run it
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -90,19 +91,20 @@ def test_without_any_tree_megatron_core_is_not_installed(no_megatron_python: Pat
 
 
 def test_a_tree_over_installed_metadata_is_judged_and_both_are_named(megatron_tree: Callable[..., Path]) -> None:
-    """main's tree first on PYTHONPATH over the installed megatron-core 0.19.2: judged as 0.20.0, naming both."""
-    installed = provider("megatron-core")
-    assert (installed.version, installed.source) == ("0.19.2", None), "this lane pins megatron-core 0.19.2"
+    """main's tree first on PYTHONPATH over the installed megatron-core (0.19.2 here): judged as 0.20.0, naming both."""
+    installed = _ask(Path(sys.executable), None, "megatron-core")["version"]
+    if installed is None:
+        pytest.skip("megatron-core is not installed in this environment's site-packages: no metadata to stand over")
     tree = megatron_tree("main")
     got = _ask(Path(sys.executable), tree, "megatron-core>=0.20")
     info = tree / "megatron" / "core" / "package_info.py"
     assert (got["version"], got["source"]) == ("0.20.0", str(info))
-    assert got["overlaid"][:2] == ["megatron-core", "0.19.2"]
+    assert got["overlaid"][:2] == ["megatron-core", installed]
     assert got["ok"]
     assert got["reason"].startswith(
-        f"megatron-core 0.20.0 (read from {info}; imported instead of the installed megatron-core 0.19.2 in "
+        f"megatron-core 0.20.0 (read from {info}; imported instead of the installed megatron-core {installed} in "
     )
-    assert got["doctor"] == "0.20.0 (source, over 0.19.2)"
+    assert got["doctor"] == f"0.20.0 (source, over {installed})"
     assert got["imported"] == []
 
 
@@ -120,10 +122,11 @@ def test_a_wheel_with_its_metadata_answers_from_the_metadata(
 
 
 def test_the_installed_release_answers_as_before() -> None:
-    """The pinned wheel install: the metadata answers, and the files imported are its own."""
+    """The installed release (0.19.2 here, a matrix overlay there): its metadata answers, its files are imported."""
     refresh()
-    assert provider("megatron-core") == Provider("megatron-core", "megatron-core", "0.19.2")
-    assert requires("megatron-core>=0.19,<0.20").evaluate().reason == "megatron-core 0.19.2 satisfies <0.20,>=0.19"
+    version = importlib.metadata.version("megatron-core")
+    assert provider("megatron-core") == Provider("megatron-core", "megatron-core", version)
+    assert requires("megatron-core>=0.13").evaluate().reason == f"megatron-core {version} satisfies >=0.13"
 
 
 # -- in-process: fake distributions and trees ---------------------------------------------------------
