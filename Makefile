@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export VLLM_TARGET_DEVICE := cpu
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: env demo test test-slow test-matrix test-vllm-engine test-verl bridge-overlay rl-loop test-rl-loop lint bench bench-release bench-release-check bench-quick bench-cachesim reliability docs docs-serve clean
+.PHONY: env demo test test-slow test-matrix test-source-trees test-vllm-engine test-verl bridge-overlay rl-loop test-rl-loop lint bench bench-release bench-release-check bench-quick bench-cachesim reliability docs docs-serve clean
 
 env: $(STAMP)
 
@@ -32,6 +32,12 @@ test-slow: $(STAMP)
 
 test-matrix: $(STAMP)
 	bash scripts/test-matrix.sh
+
+# The Megatron tests on Megatron-Core run from source, no megatron-core metadata importable: the Megatron-LM main and
+# dev snapshots ($$PATCHREG_UPSTREAM_DIR, else ../shared/upstream) and the 0.18.2 / 0.19.2 wheels without their
+# dist-info, in a view of .venv without megatron-core; then main over .venv's 0.19.2 metadata.
+test-source-trees: $(STAMP)
+	bash scripts/test-source-trees.sh
 
 # verl 0.9.1 without its dependencies, plus what importing its engine, forward and rollout modules needs,
 # in an overlay over .venv (verl's full requirements would replace the pinned torch / vLLM stack).

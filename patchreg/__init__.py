@@ -15,13 +15,13 @@ from patchreg._predicates import (
     has,
     not_needed_when,
     on_refresh,
-    provider,
     refresh,
     requires,
 )
 from patchreg._records import ABSENT, Backup, Installed, Patch, PatchSet
 from patchreg._registry import Checkpoint, Explanation, Patched, Registry, apply, decorate, patched, registry, revert
 from patchreg._targets import Selector
+from patchreg._versions import provider
 from patchreg.exceptions import (
     PatchConflictError,
     PatchDefinitionError,

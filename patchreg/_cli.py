@@ -1,7 +1,9 @@
 """``python -m patchreg``: list the known patch sets, check them against this environment, show one patch.
 
 Exit status: 0 success; 1 ``doctor`` found a patch that would not install (or a set that
-failed to load); 2 usage errors (bad arguments, unknown set or patch name).
+failed to load; with ``--against``, a verified body that changed); 2 usage errors (bad arguments,
+unknown set or patch name, a candidate that cannot be read); 3 ``doctor --against`` judged no
+failure but some patches are unknown there (a behavioural probe needs the import).
 Output is plain text with stable columns (the same on a terminal and in a pipe). What
 libraries print to ``sys.stdout`` while they are imported or predicates evaluated goes to
 stderr, so that stdout holds only the report (``doctor --json`` stays valid JSON).
@@ -24,15 +26,18 @@ from typing import Any, TextIO
 import attrs
 
 from patchreg import __version__
+from patchreg._audit import CandidateError, audit, named_paths
 from patchreg._bootstrap import ENV_PATCHSETS, env_problems, named_sets, unknown_disabled
 from patchreg._disable import ENV_DISABLE, REASON, is_disabled, is_essential
 from patchreg._discovery import KNOWN_MODULES, Discovery, Found, LoadError, discover
 from patchreg._drift import body_fingerprint, drift, resolve
 from patchreg._format import WIDTH, table, wrap
-from patchreg._predicates import distributions, provider
+from patchreg._predicates import distributions
 from patchreg._records import Patch
 from patchreg._registry import Registry
+from patchreg._sources import requirement_of
 from patchreg._targets import ImportPath
+from patchreg._versions import provider
 from patchreg.exceptions import PatchError, PatchWarning
 
 __all__ = ["Diagnosis", "diagnose", "run"]
@@ -105,7 +110,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="patchreg",
         description="Inspect the patch sets known in this environment: patchreg's own and those "
         "installed distributions declare in the 'patchreg.patchsets' entry-point group.",
-        epilog="Exit status: 0 ok, 1 doctor found a patch that would not install, 2 usage error.",
+        epilog="Exit status: 0 ok, 1 doctor found a patch that would not install, 2 usage error, "
+        "3 doctor --against found only unknowns.",
     )
     parser.add_argument("--version", action="version", version=f"patchreg {__version__}")
     parser.add_argument(
@@ -122,6 +128,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="what bootstrap() would install here with PATCHREG_PATCHSETS and PATCHREG_DISABLE as they are now "
         "(exit 1 if a named set would not install fully)",
+    )
+    p.add_argument(
+        "--against",
+        metavar="CANDIDATE",
+        help="judge each patch on a candidate release without importing it: a requirement (vllm==0.34.0, fetched "
+        "with pip download --no-deps), a wheel, an sdist or a source tree (exit 1 if a verified body changed or a "
+        "patch would not install, 3 if only unknowns remain)",
     )
     p.set_defaults(command=_cmd_doctor, name="doctor")
     p = sub.add_parser("show", help="one patch: target, kind, predicate and its answer, docstring")
@@ -162,6 +175,8 @@ def _write_errors(errors: Sequence[LoadError], out: TextIO) -> None:
 
 
 def _cmd_doctor(args: argparse.Namespace, found: Discovery, out: TextIO) -> int:
+    if args.against is not None:
+        return _doctor_against(args, found, out)
     if args.env:
         if args.sets:
             msg = f"doctor --env takes no set names: it reads {ENV_PATCHSETS} (got {' '.join(args.sets)})."
@@ -201,6 +216,18 @@ def _doctor_env(as_json: bool, found: Discovery, out: TextIO) -> int:
         _write_doctor(rows, [], out)
     out.writelines(f"\nWOULD NOT INSTALL FULLY: {p}\n" for p in problems)
     return status
+
+
+def _doctor_against(args: argparse.Namespace, found: Discovery, out: TextIO) -> int:
+    """``doctor --against CANDIDATE``: patchreg._audit judges the selected sets on the candidate's files."""
+    if args.env:
+        msg = "doctor --against judges the named sets (default: all) on the candidate; leave out --env."
+        raise UsageError(msg)
+    sets, errors = _select(found, args.sets)
+    try:
+        return audit(args.against, sets, errors, out, as_json=args.json)
+    except CandidateError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _select(found: Discovery, names: Sequence[str]) -> tuple[list[Found], list[LoadError]]:
@@ -266,21 +293,11 @@ def _versions(patch: Patch) -> dict[str, str]:
     """Versions of the distributions the predicate requires and of those providing the modules it names."""
     names = set(distributions(patch.when))
     modules = [patch.where.module] if isinstance(patch.where, ImportPath) else []
-    for path in _paths(patch.when):
+    for path in named_paths(patch.when):
         modules.append(path.partition(":")[0])
-    for module in modules:
-        names.update(_owners(module.partition(".")[0]))
+    for module in modules:  # no metadata (a source tree): the distribution whose package holds the module
+        names.update(_owners(module.partition(".")[0]) or filter(None, [requirement_of(module)]))
     return {name: _version(name) for name in sorted(names)}
-
-
-def _paths(pred: Any) -> list[str]:
-    """The import paths named by ``has()`` and ``accepts()`` parts of a predicate (duck-typed walk)."""
-    path = getattr(pred, "path", None)
-    found = [path] if isinstance(path, str) else []
-    for part in (*getattr(pred, "parts", ()), getattr(pred, "part", None)):
-        if part is not None:
-            found += _paths(part)
-    return found
 
 
 _PACKAGES: dict[str, list[str]] = {}

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 
-from patchreg._predicates import DISABLED_REASON, ENV_DISABLE, Answer, disabled_names, read_disabled
+from patchreg._predicates import DISABLED_REASON, ENV_DISABLE, Answer, disabled_names
 from patchreg._records import Patch
 from patchreg.exceptions import PatchDefinitionError, PatchError
 
@@ -33,7 +33,7 @@ _NONE: frozenset[int] = frozenset()
 
 def read(environ: Mapping[str, str] | None = None) -> frozenset[str]:
     """The names in ``PATCHREG_DISABLE`` (of ``environ``, default ``os.environ``), stripped, empty ones dropped."""
-    return read_disabled(environ)
+    return disabled_names(os.environ if environ is None else environ)
 
 
 def names() -> frozenset[str]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib
-import importlib.metadata
 import inspect
 import textwrap
 from collections.abc import Iterator, Mapping
@@ -27,9 +26,19 @@ import attrs
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from patchreg._versions import provider
 from patchreg.exceptions import PatchDefinitionError
 
-__all__ = ["Drift", "Verified", "body_fingerprint", "body_fingerprint_source", "drift", "resolve"]
+__all__ = [
+    "Drift",
+    "Verified",
+    "body_fingerprint",
+    "body_fingerprint_node",
+    "body_fingerprint_source",
+    "compare",
+    "drift",
+    "resolve",
+]
 
 State = Literal["verified", "changed", "unverified", "unreadable"]
 _IGNORED_FIELDS = frozenset(("ctx", "type_comment", "type_params", "kind"))
@@ -39,7 +48,11 @@ _CACHE: dict[Any, str] = {}
 def body_fingerprint_source(source: str) -> str:
     """The fingerprint of one function's (or class's) source text: 16 hex digits of a hash of its syntax tree."""
     tree = ast.parse(textwrap.dedent(source))
-    node = tree.body[0] if len(tree.body) == 1 else tree  # one definition, decorators included
+    return body_fingerprint_node(tree.body[0] if len(tree.body) == 1 else tree)  # one definition, decorators included
+
+
+def body_fingerprint_node(node: ast.AST) -> str:
+    """The fingerprint of a definition's syntax tree: the same whether parsed alone or within its whole file."""
     digest = hashlib.sha256("\x00".join(_walk(node)).encode("utf-8"))
     return digest.hexdigest()[:16]
 
@@ -168,12 +181,10 @@ def drift(verified: Verified, patch: Any = None) -> Drift:
     ``patch``: the Patch declaring it, so that while it is installed on that very path the body it
     displaced is read (what a Report asks).
     """
-    try:
-        version = importlib.metadata.version(verified.distribution)
-    except importlib.metadata.PackageNotFoundError:
-        version = "not installed"
+    answers = provider(verified.distribution)  # the code imported: a source tree's version too
+    version = answers.version or "not installed"
     named = verified.path.partition(":")[2]
-    where = f"{named}, {verified.distribution} {version}"
+    where = f"{named}, {verified.distribution} {answers.version_or('not installed')}"
     try:
         upstream = _upstream(verified, patch)
         found = body_fingerprint(upstream)
@@ -181,7 +192,12 @@ def drift(verified: Verified, patch: Any = None) -> Drift:
         return Drift("unreadable", f"cannot read the upstream body of {where} ({type(exc).__name__}: {exc}): review")
     defined = getattr(upstream, "__qualname__", None)
     if isinstance(defined, str) and defined != named and not named.endswith(f".{defined}"):
-        where = f"{named}, defined as {defined}, {verified.distribution} {version}"  # inherited: whose body it is
+        where = f"{named}, defined as {defined}, {where.partition(', ')[2]}"  # inherited: whose body it is
+    return compare(verified, found, version, where)
+
+
+def compare(verified: Verified, found: str, version: str, where: str) -> Drift:
+    """Judge fingerprint ``found`` of ``verified.path``'s body (of release ``version``, read at ``where``)."""
     same = [spec for spec, digest in verified.bodies.items() if digest == found]
     if same:
         return Drift("verified", f"verified against this body ({where}, {found}; as verified for {same[0]})")

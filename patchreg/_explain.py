@@ -17,10 +17,11 @@ from patchreg._disable import REASON, is_disabled, off
 from patchreg._format import WIDTH, table
 from patchreg._ledger import entry
 from patchreg._namespace import label
-from patchreg._predicates import distributions, provider
+from patchreg._predicates import distributions
 from patchreg._records import Installed, Patch
 from patchreg._state import LOCK, STACKS, Book, awaited, check_compatible
 from patchreg._targets import Miss, Selector, Site, identity
+from patchreg._versions import provider
 from patchreg.exceptions import PatchConflictError, PatchError, UnpatchableTargetError
 
 __all__ = ["Explanation", "active", "explain", "fingerprint_lines", "name_stacks", "summary"]

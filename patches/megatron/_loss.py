@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from patches.megatron._compat import MTP, adapter, module, per_function, upstream
-from patchreg import accepts, has
+from patches.megatron._compat import MTP, adapter, form, module, per_function, unmet, upstream
+from patchreg import accepts, has, on_refresh
 
 #: Upstream's RL mode (0.19+): ``process_mtp_loss(..., labels=None, input_ids=...)`` derives the MTP labels.
 RL_MODE = accepts(f"{MTP}:process_mtp_loss", "input_ids")
@@ -35,10 +35,15 @@ __all__ = [
     "attach_mtp_loss",
     "last_losses",
     "masked_means",
+    "mtp_cp_group",
     "process_groups",
     "resolved",
     "rl_mode",
     "roll",
+    "roll_form",
+    "rolls",
+    "tracked_losses",
+    "unmet_calls",
 ]
 
 
@@ -64,12 +69,19 @@ class Deferred:
         return self._value
 
 
-def masked_means(per_token: Sequence[Any], mask: Any, cp_group: Any, packed: Any) -> tuple[Any, ...]:
+def masked_means(
+    per_token: Sequence[Any], mask: Any, cp_group: Any, packed: Any, context: Any = None, depth: int = 0
+) -> tuple[Any, ...]:
     """Each depth's masked mean of its per-token losses (in depth order), under the label-aligned ``mask`` rolled
-    once more per depth as upstream rolls it: what ``report.mtp_losses`` reads, detached."""
+    once more per depth as upstream rolls it: what ``report.mtp_losses`` reads, detached. ``context`` and ``depth``:
+    the microbatch's roll context (dev) and the rolls the mask had before."""
     losses = []
-    for loss in per_token:
-        mask, num_tokens = roll(mask, cp_group, packed)
+    for number, loss in enumerate(per_token, start=depth):
+        if context is None:
+            mask, num_tokens = roll(mask, cp_group, packed)
+        else:
+            mask = rolls((mask,), cp_group, packed, context, ("loss_mask",), number)[0]
+            num_tokens = mask.sum()
         losses.append(((mask * loss).sum() / num_tokens.clamp(min=1)).detach())
     return tuple(losses)
 
@@ -122,6 +134,12 @@ _identity = object.__hash__
 last_losses = LastLosses()
 
 
+def mtp_cp_group(model: Any, packed_seq_params: Any) -> Any:
+    """The CP group the MTP rolls of one microbatch use: the pack's own (dynamic CP, dev), else the model's."""
+    found = getattr(packed_seq_params, "cp_group", None) if packed_seq_params is not None else None
+    return found if found is not None else process_groups(model)[0]
+
+
 def process_groups(model: Any) -> tuple[Any, Any]:
     """The (cp, tp) process groups of a GPTModel on any release (None when unknown)."""
     pgs = getattr(model, "pg_collection", None) or getattr(model, "model_comm_pgs", None)
@@ -130,20 +148,100 @@ def process_groups(model: Any) -> tuple[Any, Any]:
     return cp, tp
 
 
+#: upstream's names of the tensors an MTP loss rolls, for its roll context: labels given, or derived from input_ids
+_GIVEN, _DERIVED = ("labels", "loss_mask"), ("input_ids", "loss_mask")
 _ROLL_ARGS = frozenset(("tensor", "shifts", "dims", "cp_group", "packed_seq_params"))
 _ROLL_TAKES_ALL: dict[Any, bool] = {}
+#: The forms of ``roll_tensor`` the patches call, by the name of its first parameter: ``tensor`` (one tensor in,
+#: ``(rolled, sum)`` out: 0.13-0.19.2 and main, which adds ``return_sum``) and ``tensors`` (a list in, a list out, with
+#: per-tensor ``fill_values`` and the microbatch's ``roll_context``: dev, Megatron-LM #6246).
+ROLL_FORMS = ("tensor", "tensors")
+_ROLL_FORM: dict[Any, str] = {}
 
 
-def roll(tensor: Any, cp_group: Any, packed_seq_params: Any) -> tuple[Any, Any]:
-    """``roll_tensor(tensor, -1)`` of the installed release, with the CP/packing arguments it takes."""
-    roll_tensor = upstream(MTP, "roll_tensor")
+def roll_form(roll_tensor: Any) -> str:
+    """Which of :data:`ROLL_FORMS` ``roll_tensor`` has (``""``: none, the patches cannot call it); read once."""
+    return per_function(_ROLL_FORM, _read_roll_form, roll_tensor)
+
+
+def _read_roll_form(roll_tensor: Any) -> str:
+    found = adapter(roll_tensor)
+    for first in ROLL_FORMS:
+        if first in found.names and set(found.required) <= {first}:
+            return first
+    return ""
+
+
+on_refresh(_ROLL_FORM.clear)
+
+
+def roll(tensor: Any, cp_group: Any, packed_seq_params: Any, roll_tensor: Any = None) -> tuple[Any, Any]:
+    """``roll_tensor(tensor, -1)`` of the installed release (or the given one), with the CP/packing arguments it
+    takes: (rolled, sum)."""
+    roll_tensor = upstream(MTP, "roll_tensor") if roll_tensor is None else roll_tensor
     if per_function(_ROLL_TAKES_ALL, _takes_all_roll_args, roll_tensor):  # read once per roll_tensor
         return roll_tensor(  # type: ignore[no-any-return]
             tensor=tensor, shifts=-1, dims=-1, cp_group=cp_group, packed_seq_params=packed_seq_params
         )
+    if roll_form(roll_tensor) == "tensors":
+        rolled = rolls((tensor,), cp_group, packed_seq_params, roll_tensor=roll_tensor)[0]
+        return rolled, rolled.sum()
     available = {"tensor": tensor, "shifts": -1, "dims": -1, "cp_group": cp_group}
     available["packed_seq_params"] = packed_seq_params
     return roll_tensor(**adapter(roll_tensor).kwargs(available))  # type: ignore[no-any-return]
+
+
+def rolls(
+    tensors: Sequence[Any],
+    cp_group: Any,
+    packed_seq_params: Any,
+    context: Any = None,
+    fields: Sequence[str] = (),
+    depth: int = 0,
+    roll_tensor: Any = None,
+) -> list[Any]:
+    """Each of ``tensors`` rolled left once as the release rolls them: one call of the list form (dev), with fill
+    value 0 and the microbatch's roll ``context`` (``fields``: upstream's names of the tensors, ``depth``: how many
+    rolls came before, which select its prefetched halo rows); one ``roll_tensor`` call per tensor elsewhere."""
+    roll_tensor = upstream(MTP, "roll_tensor") if roll_tensor is None else roll_tensor
+    if roll_form(roll_tensor) != "tensors":
+        return [roll(tensor, cp_group, packed_seq_params, roll_tensor)[0] for tensor in tensors]
+    available = {"tensors": list(tensors), "shifts": -1, "dims": -1, "cp_group": cp_group}
+    available.update(packed_seq_params=packed_seq_params, fill_values=[0] * len(tensors), roll_depth=depth)
+    if context is not None:
+        available.update(roll_context=context, sequence_fields=list(fields))
+    return list(roll_tensor(**adapter(roll_tensor).kwargs(available)))
+
+
+def unmet_calls(todays: bool) -> list[str]:
+    """The upstream functions an MTP loss of this route calls (``todays``: today's patches, which also log to the
+    tracker; else the native route, which only records the losses) in a form the patches cannot call."""
+    found = []
+    roll_tensor = upstream(MTP, "roll_tensor")
+    if roll_tensor is not None and not roll_form(roll_tensor):
+        found.append(
+            f"{form(roll_tensor)} is in neither form the patches call: roll_tensor(tensor, ...) -> (rolled, sum) "
+            "(0.13-0.19.2, main) or roll_tensor(tensors=[...], ...) -> [rolled] (dev)"
+        )
+    helper = upstream(MTP, "MTPLossLoggingHelper")
+    if todays and helper is not None:
+        save, counts = _tracker_save(helper)
+        why = unmet(save, _TRACKED_WITH_COUNTS if counts else _TRACKED)
+        found += [why] if why else []
+    return found
+
+
+def _roll_pair(
+    labels: Any, mask: Any, cp_group: Any, packed: Any, context: Any, fields: Sequence[str], depth: int
+) -> tuple[Any, Any, Any]:
+    """Labels and mask rolled once more for the next depth (together, as upstream does, on the list form), and the
+    mask's sum: the depth's valid tokens."""
+    if roll_form(upstream(MTP, "roll_tensor")) == "tensors":
+        labels, mask = rolls((labels, mask), cp_group, packed, context, fields, depth)
+        return labels, mask, mask.sum()
+    labels, _ = roll(labels, cp_group, packed)
+    mask, num_tokens = roll(mask, cp_group, packed)
+    return labels, mask, num_tokens
 
 
 def _takes_all_roll_args(roll_tensor: Any) -> bool:
@@ -170,9 +268,9 @@ def rl_labels(args: dict[str, Any], cp_group: Any, packed: Any) -> tuple[Any, An
     is rolled with them, so the fabricated last label is masked; no mask: all ones, then rolled."""
     import torch
 
-    labels, _ = roll(args["input_ids"], cp_group, packed)
-    mask = args.get("loss_mask")
-    mask, _ = roll(torch.ones_like(labels) if mask is None else mask, cp_group, packed)
+    ids, mask = args["input_ids"], args.get("loss_mask")
+    mask = torch.ones_like(ids) if mask is None else mask
+    labels, mask, _ = _roll_pair(ids, mask, cp_group, packed, args.get("sequence_roll_context"), _DERIVED, 0)
     return labels, mask
 
 
@@ -191,13 +289,15 @@ def attach_mtp_loss(
     import torch
 
     cfg = model.config
-    cp_group, tp_group = process_groups(model)
     packed, gather = args.get("packed_seq_params"), args.get("runtime_gather_output")
+    cp_group, tp_group = mtp_cp_group(model, packed), process_groups(model)[1]
     labels, mask = args["labels"], args.get("loss_mask")
-    if labels is None:  # upstream's RL mode (the callers ask rl_mode() first)
+    derived = labels is None  # upstream's RL mode (the callers ask rl_mode() first)
+    if derived:
         if args.get("input_ids") is None:
             return hidden  # nothing to derive labels from: no MTP loss, as upstream
         labels, mask = rl_labels(args, cp_group, packed)
+    context, fields = args.get("sequence_roll_context"), _DERIVED if derived else _GIVEN
     mask = torch.ones_like(labels) if mask is None else mask
     total_tokens = mask.sum()
     weight = _head_weight(model, output_weight, detach)
@@ -209,8 +309,7 @@ def attach_mtp_loss(
     losses = []
     for depth, states in enumerate(depth_states):
         logits = _mtp_logits(model, states, weight, gather)
-        labels, _ = roll(labels, cp_group, packed)
-        mask, num_tokens = roll(mask, cp_group, packed)
+        labels, mask, num_tokens = _roll_pair(labels, mask, cp_group, packed, context, fields, depth + derived)
         masked = mask * model.compute_language_model_loss(labels, logits)
         tokens = num_tokens.clamp(min=1)
         losses.append((masked.sum() / tokens).detach())
@@ -239,6 +338,28 @@ def _avg_group() -> Any:
     return parallel_state.get_data_parallel_group(with_context_parallel=True)
 
 
+def tracked_losses(tracker: Mapping[str, Any]) -> Any:
+    """The per-depth MTP losses upstream logged to its tracker this step (a tensor), None when none: ``values``
+    (0.13-0.18), ``loss_values`` (0.19), ``loss_sums`` (dev; with per-token loss, over its ``num_tokens``)."""
+    sums = tracker.get("loss_sums")
+    if sums is not None:
+        tokens = tracker.get("num_tokens") if tracker.get("calculate_per_token_loss") else None
+        return sums if tokens is None else sums / tokens.clamp(min=1)
+    found = tracker.get("loss_values")
+    return found if found is not None else tracker.get("values")
+
+
+#: What _TrackerLog passes the tracker's helper: save_loss_to_tracker (0.13-0.18), save_metrics_to_tracker (0.19+)
+_TRACKED = frozenset(("loss", "layer_number", "num_layers", "avg_group"))
+_TRACKED_WITH_COUNTS = _TRACKED | {"correct", "total"}
+
+
+def _tracker_save(helper: Any) -> tuple[Any, bool]:
+    """The helper's function today's patches log an MTP loss with, and whether it takes acceptance counts."""
+    save = getattr(helper, "save_metrics_to_tracker", None)
+    return (save, True) if save is not None else (helper.save_loss_to_tracker, False)
+
+
 class _TrackerLog:
     """Megatron-Core's own MTP tracker for one forward, through whichever API the release has.
 
@@ -250,10 +371,7 @@ class _TrackerLog:
     __slots__ = ("available", "gather", "model", "save_fn", "saver", "tp_group", "wants_counts")
 
     def __init__(self, model: Any, tp_group: Any, runtime_gather_output: Any) -> None:
-        helper = upstream(MTP, "MTPLossLoggingHelper")
-        save = getattr(helper, "save_metrics_to_tracker", None)
-        self.wants_counts = save is not None
-        self.save_fn = save if save is not None else helper.save_loss_to_tracker
+        self.save_fn, self.wants_counts = _tracker_save(upstream(MTP, "MTPLossLoggingHelper"))
         self.saver = adapter(self.save_fn)
         self.model, self.tp_group, self.gather = model, tp_group, runtime_gather_output
         self.available = {"num_layers": model.config.mtp_num_layers, "avg_group": _avg_group()}

@@ -26,13 +26,13 @@ from __future__ import annotations
 import types
 from typing import Any
 
-from patches.megatron._compat import GPT, MTP, binder, mcore_version, upstream
+from patches.megatron._compat import GPT, MTP, binder, mcore_version, refusal, upstream
 from patches.megatron._hybrid import Call, call_in_block, run_in_block
-from patches.megatron._loss import RL_MODE, Deferred, last_losses, masked_means, process_groups, roll
+from patches.megatron._loss import RL_MODE, Deferred, last_losses, masked_means, mtp_cp_group, rolls, unmet_calls
 from patches.megatron._models import HYBRID
 from patches.megatron._postprocess import in_inference
 from patches.megatron._verified import GPT_MTP_LOSS_BODY, HYBRID_MTP_LOSS_BODY
-from patchreg import Patch, check, has, not_needed_when, on_refresh
+from patchreg import Answer, Patch, check, has, not_needed_when, on_refresh
 
 __all__ = [
     "NATIVE",
@@ -54,6 +54,7 @@ UPSTREAM = "upstream does this natively here"
 _CONFIG = "megatron.core.transformer.transformer_config:TransformerConfig"
 _PROBE_IDS = (1, 2, 3, 4)  # the probe's input_ids; the depth-1 labels upstream's RL mode gives are 3, 4, 0, 0
 _PROBE_LABELS = (3, 4, 0, 0)
+_MASK = ("loss_mask",)
 
 
 def _rl_mode_probe() -> tuple[bool, str]:
@@ -80,8 +81,8 @@ def _rl_mode_probe() -> tuple[bool, str]:
         seen["labels"] = labels[0].tolist()
         return torch.zeros(labels.shape)
 
-    config = types.SimpleNamespace(mtp_num_layers=1, mtp_detach_heads=True, calculate_per_token_loss=False,
-                                   mtp_loss_scaling_factor=0.1)  # fmt: skip
+    config = _probe_config(mtp_num_layers=1, mtp_detach_heads=True, calculate_per_token_loss=False,
+                           mtp_loss_scaling_factor=0.1)  # fmt: skip
     try:
         process(hidden_states=torch.zeros(8, 1, 1), labels=None, loss_mask=None, output_layer=output_layer,
                 output_weight=torch.ones(1, requires_grad=True), runtime_gather_output=None, is_training=False,
@@ -93,6 +94,19 @@ def _rl_mode_probe() -> tuple[bool, str]:
     return True, f"labels=None and mtp_detach_heads probed on megatron-core {mcore_version()}"
 
 
+def _probe_config(**fields: Any) -> Any:
+    """A stand-in config for the probe: every field of the release's ``TransformerConfig`` at its default (what
+    upstream's body may read: dev reads ``cross_entropy_loss_fusion``), then ``fields``; no ``__post_init__`` checks."""
+    import dataclasses
+
+    defaults: dict[str, Any] = {}
+    config_class = upstream(_CONFIG.partition(":")[0], _CONFIG.partition(":")[2])
+    for field in dataclasses.fields(config_class) if dataclasses.is_dataclass(config_class) else ():
+        if field.default is not dataclasses.MISSING:
+            defaults[field.name] = field.default
+    return types.SimpleNamespace(**{**defaults, **fields})
+
+
 def _probe() -> tuple[bool, str]:
     return _rl_mode_probe()  # looked up at each evaluation (after patchreg.refresh(): a test can take today's route)
 
@@ -100,8 +114,18 @@ def _probe() -> tuple[bool, str]:
 NATIVE = check(_probe, "upstream's RL mode (labels=None) with mtp_detach_heads")
 
 
-def _covered() -> tuple[bool, str]:
+def _route() -> Answer:
+    """The probe's answer, once the upstream functions the route it picks calls have a form the patches can call;
+    else the block is refused here, at its entry, naming them (never with a failure in the middle of a forward)."""
     answer = NATIVE.evaluate()
+    unmet = unmet_calls(todays=not answer.ok)
+    if unmet:
+        raise refusal(unmet, "upstream's RL mode (the native route)" if answer.ok else "today's patches")
+    return answer
+
+
+def _covered() -> tuple[bool, str]:
+    answer = _route()
     if answer.ok:
         return True, f"{UPSTREAM} ({answer.reason})"
     return False, f"patched: {answer.reason}"
@@ -112,7 +136,7 @@ natively_covered = check(_covered, UPSTREAM)
 
 
 def _todays_patches() -> tuple[bool, str]:
-    answer = NATIVE.evaluate()
+    answer = _route()
     return not answer.ok, (
         f"{UPSTREAM}: {answer.reason}" if answer.ok else f"patched: today's patches carry it ({answer.reason})"
     )
@@ -178,18 +202,22 @@ def rl_mode_mtp_loss(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs:
         return wrapped(**kwargs)  # nothing to derive labels from: no MTP loss, as upstream
     import torch
 
-    cp_group, _tp = process_groups(model)
-    packed = kwargs.get("packed_seq_params")
-    if labels is None:  # the user's own RL mode: the labels from input_ids, the mask aligned with them
-        label_mask, _ = roll(torch.ones_like(ids) if mask is None else mask, cp_group, packed)
+    packed, context = kwargs.get("packed_seq_params"), kwargs.get("sequence_roll_context")
+    cp_group = kwargs.get("cp_group")  # the group upstream's own rolls use (0.17+ pass it)
+    cp_group = mtp_cp_group(model, packed) if cp_group is None else cp_group
+    rolled = labels is None
+    if rolled:  # the user's own RL mode: the labels from input_ids, the mask aligned with them
+        label_mask = rolls((torch.ones_like(ids) if mask is None else mask,), cp_group, packed, context, _MASK)[0]
     else:  # upstream's label mode: without a mask it trains every label (rolled per depth)
         label_mask = torch.ones_like(labels) if mask is None else mask
-    return _upstream_loss(wrapped, {**kwargs, "labels": labels, "loss_mask": mask}, model, label_mask, cp_group, packed)
+    kwargs = {**kwargs, "labels": labels, "loss_mask": mask}
+    return _upstream_loss(wrapped, kwargs, model, (label_mask, cp_group, packed, context, int(rolled)))
 
 
-def _upstream_loss(wrapped: Any, kwargs: dict[str, Any], model: Any, mask: Any, cp_group: Any, packed: Any) -> Any:
+def _upstream_loss(wrapped: Any, kwargs: dict[str, Any], model: Any, rolling: tuple[Any, Any, Any, Any, int]) -> Any:
     """Upstream's ``process_mtp_loss`` with ``kwargs``; the per-depth losses recorded from its own per-token losses
-    under ``mask`` (label-aligned, rolled once per depth as upstream rolls it)."""
+    under ``rolling``: the label-aligned mask and how upstream rolls it once per depth (CP group, pack, roll context,
+    the rolls it had before)."""
     per_token: list[Any] = []
     compute = kwargs["compute_language_model_loss"]
 
@@ -199,10 +227,11 @@ def _upstream_loss(wrapped: Any, kwargs: dict[str, Any], model: Any, mask: Any, 
         return loss
 
     hidden = wrapped(**{**kwargs, "compute_language_model_loss": observed})
+    mask, cp_group, packed = rolling[:3]
     if packed is None and (cp_group is None or cp_group.size() <= 1):  # a roll of torch's alone: when first read
         last_losses.record(model, Deferred(per_token, mask))
     else:  # now: the roll exchanges chunk boundaries across CP ranks, or reads the pack (and its fix-up)
-        last_losses.record(model, masked_means(per_token, mask, cp_group, packed))
+        last_losses.record(model, masked_means(per_token, *rolling))
     return hidden
 
 

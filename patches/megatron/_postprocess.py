@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from patches.megatron import _fixups
-from patches.megatron._compat import adapter, binder, parameters, per_function, upstream
+from patches.megatron._compat import MTP, adapter, binder, parameters, per_function, refusal, unmet, upstream
 from patches.megatron._loss import attach_mtp_loss, process_groups, rl_mode, roll
 
-__all__ = ["in_inference", "postprocess", "postprocess_detached"]
+__all__ = ["calls_known", "in_inference", "postprocess", "postprocess_detached"]
 
 _NO_INFERENCE_MODE = object()
 _inference_mode: Any = None
@@ -140,7 +140,31 @@ _LAYER_INPUTS = (
     "packed_seq_params",
     "sequence_len_offset",
     "padding_mask",
+    "mhc_multistream",  # dev: hyper-connections hand the MTP block the decoder's multi-stream states
 )
+
+
+#: What _run_mtp passes the MTP block (0.14+), and _drive_layers each MTP layer (0.13), besides a user's
+#: extra_block_kwargs.
+_BLOCK_INPUTS = frozenset(
+    (*_LAYER_INPUTS, "inference_params", "hidden_states", "embedding", "input_ids", "position_ids")
+)
+_LAYER_ONLY_INPUTS = frozenset((*_LAYER_INPUTS, "inference_params", "hidden_states", "decoder_input"))
+
+
+def calls_known() -> tuple[bool, str]:
+    """Whether the patched postprocess can call the release's MTP block (or, on 0.13, its layers); a block whose
+    callee requires an argument it does not pass is refused here, at the block's entry (raised)."""
+    layer, block = upstream(MTP, "MultiTokenPredictionLayer"), upstream(MTP, "MultiTokenPredictionBlock")
+    if layer is None or block is None:
+        return True, "no MTP block on this release"
+    if _takes_decoder_input(layer.forward):
+        why = unmet(layer.forward, _LAYER_ONLY_INPUTS)
+    else:
+        why = unmet(block.forward, _BLOCK_INPUTS)
+    if why:
+        raise refusal([why], "today's patches (GPTModel._postprocess)")
+    return True, "the MTP block takes what the patched postprocess passes"
 
 
 def _layer_inputs(a: dict[str, Any]) -> dict[str, Any]:

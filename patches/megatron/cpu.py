@@ -12,6 +12,9 @@ module-level patches, each gated per release:
   (``save_loss_to_tracker`` on 0.14-0.18, ``save_metrics_to_tracker`` from 0.19; each is "not needed" on the
   releases where the other one logs the MTP loss, and ``mtp_tracker_device`` on 0.13, which allocates on the loss's
   device already)
+- ``mtp_acceptance_device``: dev's packed MTP acceptance counters (``_save_acceptance_counts``) on the counts' device
+- ``inference_linear_on_cpu``: main's ``MultiTokenPredictionLayer.__init__`` asks ``is_inference_column_parallel_linear``,
+  an ``isinstance`` against Transformer Engine stand-ins without TE (``TypeError``): answered for the classes that exist
 - ``hybrid_final_norm``: the final norm ``HybridStack`` (0.18+) / ``MambaStack`` (0.17) hard-code as ``TENorm`` is
   built as a torch norm (``WrappedTorchNorm``) while the model is built
 
@@ -272,15 +275,56 @@ def _seed_tracker(keys: tuple[str, ...]) -> Any:
     def seed(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         import torch
 
-        bound = inspect.signature(wrapped).bind(*args, **kwargs).arguments
+        call = inspect.signature(wrapped).bind(*args, **kwargs)
+        call.apply_defaults()
+        bound = call.arguments
         tracker = upstream(MTP, "MTPLossLoggingHelper").tracker
-        for key in keys:
+        loss = bound["loss"] if "loss" in bound else bound["loss_sum"]  # dev: save_loss_to_tracker(loss_sum, ...)
+        for key in _tracker_keys(keys, bound):
             if key not in tracker:
-                tracker[key] = torch.zeros(bound["num_layers"], device=bound["loss"].device)
+                tracker[key] = torch.zeros(bound["num_layers"], device=loss.device)
+        if "calculate_per_token_loss" in bound:  # dev: upstream checks the mode of a tracker it did not create
+            tracker.setdefault("calculate_per_token_loss", bound["calculate_per_token_loss"])
         return wrapped(*args, **kwargs)
 
     seed.__doc__ = f"Create the MTP tracker's {', '.join(keys)} on the loss's device before upstream looks for CUDA."
     return seed
+
+
+def _tracker_keys(keys: tuple[str, ...], bound: dict[str, Any]) -> tuple[str, ...]:
+    """The tracker entries a call allocates: ``keys``; dev's ``save_loss_to_tracker(loss_sum, num_tokens, ...)``:
+    ``loss_sums``, and ``num_tokens`` with per-token loss."""
+    if "loss_sum" not in bound:
+        return keys
+    return ("loss_sums", "num_tokens") if bound.get("calculate_per_token_loss") else ("loss_sums",)
+
+
+def _no_packed_acceptance() -> tuple[bool, str]:
+    """Before dev the acceptance counts are allocated by ``save_metrics_to_tracker`` (``mtp_metrics_device``)."""
+    if has(f"{_HELPER}._save_acceptance_counts").evaluate().ok:
+        return (
+            False,
+            "MTPLossLoggingHelper._save_acceptance_counts allocates packed acceptance counters with CUDA (dev)",
+        )
+    return True, (
+        "MTPLossLoggingHelper has no _save_acceptance_counts on this release: save_metrics_to_tracker allocates the "
+        "acceptance counts (mtp_metrics_device), or none are logged"
+    )
+
+
+def _seed_acceptance(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Create dev's packed acceptance counters ``[2, num_layers]`` (and the ``correct_values`` / ``total_values``
+    views upstream keeps) on the counts' device before upstream looks for CUDA."""
+    import torch
+
+    bound = inspect.signature(wrapped).bind(*args, **kwargs).arguments
+    tracker = upstream(MTP, "MTPLossLoggingHelper").tracker
+    shape = (2, bound["num_layers"])
+    found = tracker.get("acceptance_counts")
+    if found is None or tuple(found.shape) != shape:
+        counts = tracker["acceptance_counts"] = torch.zeros(shape, device=bound["correct"].device)
+        tracker["correct_values"], tracker["total_values"] = counts[0], counts[1]
+    return wrapped(*args, **kwargs)
 
 
 def _loss_tracker_not_needed() -> tuple[bool, str]:
@@ -295,13 +339,13 @@ def _loss_tracker_not_needed() -> tuple[bool, str]:
     old = requires("megatron-core<0.14").evaluate()
     if old.ok:
         return True, f"{old.reason}, whose save_loss_to_tracker allocates the MTP tracker on the loss's device"
-    return False, "MTPLossLoggingHelper.save_loss_to_tracker allocates the MTP tracker with CUDA (0.14-0.18)"
+    return False, "MTPLossLoggingHelper.save_loss_to_tracker allocates the MTP tracker with CUDA (0.14-0.18, dev)"
 
 
 def _metrics_tracker_not_needed() -> tuple[bool, str]:
     """Whether ``save_metrics_to_tracker`` needs no CPU shim: before 0.19 it does not exist and the loss goes elsewhere."""
     if has(f"{_HELPER}.save_metrics_to_tracker").evaluate().ok:
-        return False, "MTPLossLoggingHelper.save_metrics_to_tracker allocates the MTP tracker with CUDA (0.19)"
+        return False, "MTPLossLoggingHelper.save_metrics_to_tracker allocates the MTP tracker with CUDA (0.19+)"
     if has(f"{_HELPER}.save_loss_to_tracker").evaluate().ok:
         return True, (
             "MTPLossLoggingHelper.save_metrics_to_tracker does not exist before megatron-core 0.19; the MTP loss is "
@@ -309,6 +353,47 @@ def _metrics_tracker_not_needed() -> tuple[bool, str]:
         )
     return False, "MTPLossLoggingHelper has neither save_metrics_to_tracker nor save_loss_to_tracker"
 
+
+# --- inference_linear_on_cpu (issue 41): main's MTP layer asks whether eh_proj is an inference-optimized linear. ---
+_INFERENCE = "megatron.core.tensor_parallel.inference_layers"
+_INFERENCE_LINEARS = ("InferenceColumnParallelLinear", "InferenceLayerNormColumnParallelLinear")
+
+
+def _inference_linear_classes() -> tuple[type, ...]:
+    """The inference-optimized column-parallel linears upstream's check names, those that are classes."""
+    found = vars(module(_INFERENCE))
+    return tuple(cls for cls in (found.get(name) for name in _INFERENCE_LINEARS) if isinstance(cls, type))
+
+
+def _is_inference_linear(module_: Any) -> bool:
+    """Whether ``module_`` is an inference-optimized column-parallel linear, as upstream's check (main) asks; without
+    Transformer Engine those classes derive from TE stand-ins (``MagicMock``), ``isinstance`` refuses them, and
+    nothing built without TE is one: False."""
+    classes = _inference_linear_classes()
+    return bool(classes) and isinstance(module_, classes)
+
+
+def _no_inference_linear_check() -> tuple[bool, str]:
+    """Before main (0.20) the MTP module asks no ``is_inference_column_parallel_linear``: nothing to shim."""
+    if has(f"{MTP}:is_inference_column_parallel_linear").evaluate().ok:
+        return False, "MultiTokenPredictionLayer.__init__ calls is_inference_column_parallel_linear (main, 0.20)"
+    return True, "the MTP module calls no is_inference_column_parallel_linear on this release (it came after 0.19.2)"
+
+
+def _inference_linears_are_classes() -> tuple[bool, str]:
+    """Whether upstream's ``is_inference_column_parallel_linear`` can run: its classes are classes (TE installed)."""
+    found = vars(module(_INFERENCE))
+    stand_ins = [f"{name} is a {type(found.get(name)).__name__}" for name in _INFERENCE_LINEARS
+                 if not isinstance(found.get(name), type)]  # fmt: skip
+    if not stand_ins:
+        return True, "inference_layers' column-parallel linears are classes (Transformer Engine is installed)"
+    return False, (
+        f"inference_layers.{', '.join(stand_ins)} (no Transformer Engine): is_inference_column_parallel_linear "
+        "raises TypeError in MultiTokenPredictionLayer.__init__"
+    )
+
+
+# --- end inference_linear_on_cpu ---
 
 # --- hybrid_final_norm (helper `hybrid`, issue 14): HybridStack / MambaStack's hard-coded TENorm final norm. ---
 _HYBRID_BLOCK = "megatron.core.models.hybrid.hybrid_block"
@@ -398,6 +483,13 @@ CPU_SET = PatchSet(
               _seed_tracker(("loss_values", "correct_values", "total_values")), kind="wrap",
               when=not_needed_when(check(_metrics_tracker_not_needed, "save_metrics_to_tracker needs no CPU shim"))
               & has(f"{_HELPER}.save_metrics_to_tracker")),
+        Patch("mtp_acceptance_device", f"{_HELPER}._save_acceptance_counts", _seed_acceptance, kind="wrap",
+              when=not_needed_when(check(_no_packed_acceptance, "no packed acceptance counters"))
+              & has(f"{_HELPER}._save_acceptance_counts")),
+        Patch("inference_linear_on_cpu", f"{MTP}:is_inference_column_parallel_linear", _is_inference_linear,
+              when=not_needed_when(check(_no_inference_linear_check, "no inference-linear check in the MTP layer"))
+              & not_needed_when(check(_inference_linears_are_classes, "the inference linears are classes"))
+              & has(f"{MTP}:is_inference_column_parallel_linear")),
         *_HYBRID_NORM_PATCHES,
     ),
     doc="CPU-only shims so tiny Megatron-Core models run forward and backward without CUDA",

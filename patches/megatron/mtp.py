@@ -51,7 +51,7 @@ from patches.megatron._native import (
     route_lines,
     route_of,
 )
-from patches.megatron._postprocess import postprocess, postprocess_detached
+from patches.megatron._postprocess import calls_known, postprocess, postprocess_detached
 from patches.megatron._verified import (
     CHECKPOINTED_FORWARD_BODY,
     GET_EMBEDDINGS_BODY,
@@ -105,6 +105,7 @@ _POSTPROCESS_WHEN = (
     & requires("megatron-core>=0.13")
     & has(f"{MTP}:MTPLossAutoScaler")
     & accepts(_POSTPROCESS_PATH, "hidden_states", "labels", "loss_mask", "mtp_in_postprocess")
+    & check(calls_known, "the patched postprocess can call the MTP block")  # else refused at the block's entry
 )
 
 POSTPROCESS = Patch(

@@ -30,6 +30,7 @@ import attrs
 
 import patchreg
 from patches.megatron._compat import MTP, mcore_version, upstream
+from patches.megatron._loss import tracked_losses
 from patches.megatron._models import language_models
 from patches.megatron.errors import MTPPatchError
 
@@ -250,7 +251,7 @@ def _upstream_step(model: Any, inner: Any, batch: dict[str, Any], params: list[A
     finally:
         hook.remove()
     grads = _grads(out, params)
-    values = helper.tracker.get("loss_values", helper.tracker.get("values"))
+    values = tracked_losses(helper.tracker)
     losses = tuple(float(v) for v in values) if values is not None else ()
     weight = inner.shared_embedding_or_output_weight() if inner.share_embeddings_and_output_weights else None
     with torch.no_grad():

@@ -8,7 +8,6 @@ output layer, labels rolled left in plain torch, masked mean cross-entropy per d
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import socket
@@ -18,10 +17,10 @@ from typing import Any
 import attrs
 import pytest
 
-try:
-    MCORE = importlib.metadata.version("megatron-core")
-except importlib.metadata.PackageNotFoundError:
-    MCORE = None
+import patchreg
+
+#: The version of the megatron-core code imported (a source tree without metadata too), None when there is none.
+MCORE = patchreg.provider("megatron-core").version
 
 VOCAB, SEQ, BATCH, HIDDEN = 64, 8, 2, 32
 

@@ -45,6 +45,7 @@ def _stages(rank: int) -> dict[str, Any]:
     from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
 
     from patches.megatron import mtp_patched
+    from patches.megatron._loss import tracked_losses
     from tests.megatron.conftest import HIDDEN, SEQ, VOCAB, make_batch
 
     config = standalone_config()
@@ -75,7 +76,7 @@ def _stages(rank: int) -> dict[str, Any]:
 
     tracker.clear()
     upstream = step()
-    upstream_losses = tracker.get("values", tracker.get("loss_values")).tolist() if rank == 1 else []
+    upstream_losses = tracked_losses(tracker).tolist() if rank == 1 else []
     tracker.clear()
     with mtp_patched(model, detach_encoder=True) as report:
         patched = step()

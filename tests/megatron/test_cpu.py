@@ -20,7 +20,7 @@ def _namespaces() -> list[Any]:
     from megatron.core.transformer import multi_token_prediction
 
     helper = multi_token_prediction.MTPLossLoggingHelper
-    return [utils.GlobalMemoryBuffer, random, random.CudaRNGStatesTracker, mappings, helper]
+    return [utils.GlobalMemoryBuffer, random, random.CudaRNGStatesTracker, mappings, helper, multi_token_prediction]
 
 
 @pytest.mark.no_cpu_shims
@@ -52,17 +52,33 @@ def test_rng_tracker_fork_is_reproducible_on_cpu() -> None:
 
 
 def test_mtp_tracker_is_shimmed_on_every_release(cpu: Any) -> None:
-    """The helper this release logs the MTP loss with runs on the CPU; the other tracker shim is skipped as not needed."""
+    """The helpers this release logs the MTP loss with run on the CPU; a tracker shim for a helper the release does
+    not log with is skipped as not needed."""
+    import inspect
+
     from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper as helper
 
     skipped = dict(cpu.skipped)
     loss = torch.tensor(0.5)
+    dev_form = (
+        hasattr(helper, "save_loss_to_tracker")
+        and "loss_sum" in inspect.signature(helper.save_loss_to_tracker).parameters
+    )
     if hasattr(helper, "save_metrics_to_tracker"):  # megatron-core 0.19+
-        assert "not needed here" in skipped["mtp_tracker_device"]
         assert "mtp_metrics_device" not in skipped
         helper.save_metrics_to_tracker(loss, torch.tensor(3.0), torch.tensor(4.0), layer_number=1, num_layers=2)
         assert helper.tracker["loss_values"].tolist() == [0.0, 0.5]
+        assert helper.tracker["total_values"].tolist() == [0.0, 4.0]
         assert helper.tracker["total_values"].device.type == "cpu"
+    if dev_form:  # dev: save_loss_to_tracker(loss_sum, num_tokens, ...) beside save_metrics_to_tracker
+        assert "mtp_tracker_device" not in skipped and "mtp_acceptance_device" not in skipped
+        helper.tracker.clear()
+        helper.save_loss_to_tracker(torch.tensor(1.5), torch.tensor(3.0), 0, 2, correct=torch.tensor(2.0),
+                                    total=torch.tensor(3.0))  # fmt: skip
+        assert helper.tracker["loss_sums"].tolist() == [0.5, 0.0]
+        assert helper.tracker["total_values"].tolist() == [3.0, 0.0]
+    elif hasattr(helper, "save_metrics_to_tracker"):
+        assert "not needed here" in skipped["mtp_tracker_device"]
     else:
         assert "not needed here" in skipped["mtp_metrics_device"]
         helper.save_loss_to_tracker(loss, layer_number=1, num_layers=2)

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import io
 import json
 
 import pytest
 from packaging.version import Version
 
+import patchreg
 from patches.megatron._native import UPSTREAM, native
 from patchreg._cli import run
 
 pytest.importorskip("megatron.core", reason="megatron-core is not installed")
-mcore = Version(Version(importlib.metadata.version("megatron-core")).base_version)
+mcore = Version(Version(str(patchreg.provider("megatron-core").version)).base_version)  # the code imported
 
 
 def doctor(*names: str) -> tuple[int, dict[str, dict[str, object]]]:
@@ -53,14 +53,26 @@ def test_doctor_answers_per_release() -> None:
         assert ckpt["install"] is True
 
 
+def dev_tracker() -> bool:
+    """Whether the MTP tracker has dev's form: save_loss_to_tracker(loss_sum, num_tokens, ...)."""
+    import inspect
+
+    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper as helper
+
+    save = getattr(helper, "save_loss_to_tracker", None)
+    return save is not None and "loss_sum" in inspect.signature(save).parameters
+
+
 def test_doctor_cpu_shims_per_release() -> None:
     """Each CPU shim installs or is not needed (exit 0): the MTP tracker shim follows the helper the release logs
-    the MTP loss with (save_loss_to_tracker 0.14-0.18, save_metrics_to_tracker 0.19+); 0.13 needs neither."""
+    the MTP loss with (save_loss_to_tracker 0.14-0.18, save_metrics_to_tracker 0.19+, both on dev); 0.13 needs neither."""
     status, rows = doctor("megatron-cpu")
     loss = rows["megatron-cpu.mtp_tracker_device"]
     metrics = rows["megatron-cpu.mtp_metrics_device"]
     assert status == 0, rows
-    if mcore >= Version("0.19"):
+    if dev_tracker():  # dev logs through save_loss_to_tracker(loss_sum, ...) and keeps save_metrics_to_tracker
+        assert (loss["install"], metrics["install"]) == (True, True)
+    elif mcore >= Version("0.19"):
         assert (loss["install"], loss["needed"]) == (False, False)
         assert "save_metrics_to_tracker" in str(loss["reason"]) and "mtp_metrics_device" in str(loss["reason"])
         assert metrics["install"] is True

@@ -25,6 +25,7 @@ from packaging.version import Version
 
 import patchreg
 from patches.megatron import UnsupportedModelError, cpu_patched, mtp_patched
+from patches.megatron._loss import tracked_losses
 from patches.megatron._native import native
 from patches.megatron.mtp import HYBRID_MTP_DETACH_SET, HYBRID_MTP_SET, MTP_DETACH_SET, MTP_SET
 from patchreg import PatchSet
@@ -321,7 +322,7 @@ def labels_none_step(model: Any, batch: Any, patched: bool, detach: bool = False
     else:
         logits = model(*batch.args(), loss_mask=batch.loss_mask)
         (logits * 0).sum().backward()
-        tracked = MTPLossLoggingHelper.tracker.get("loss_values")
+        tracked = tracked_losses(MTPLossLoggingHelper.tracker)
         losses = tuple(tracked.tolist()) if tracked is not None else ()
     return logits, {n: grad_of(p).clone() for n, p in model.named_parameters()}, losses
 

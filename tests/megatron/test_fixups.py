@@ -19,6 +19,7 @@ import torch
 
 import patchreg
 from patches.megatron import MTP_FIXUPS_SET, PACKED_PADDED_ROLL, _fixups, mtp_patched
+from patches.megatron._loss import tracked_losses
 from tests.megatron.conftest import MCORE, VOCAB, build_gpt, record_measurement
 from tests.megatron.hybrid_models import build_hybrid, hybrid_skip_reason
 
@@ -43,6 +44,15 @@ def _needed() -> None:
     answer = PACKED_PADDED_ROLL.when.evaluate()
     if not answer.ok:
         pytest.skip(f"packed_padded_roll does not install on megatron-core {MCORE}: {answer.reason}")
+
+
+def _packed_roll() -> None:
+    """Skip where upstream's MTP has no packed roll (before 0.16): there is no padded pack to get right."""
+    from patches.megatron._fixups import _no_packed_roll
+
+    none, reason = _no_packed_roll()
+    if none:
+        pytest.skip(f"megatron-core {MCORE}: {reason}")
 
 
 def bshd_batch(seed: int = 3) -> dict[str, Any]:
@@ -115,8 +125,9 @@ def _valid_logits(logits: Any) -> Any:
 @pytest.mark.parametrize("depth", [1, 2])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_packed_padded_equals_per_sequence_bshd(family: str, depth: int, tied: bool, detach: bool) -> None:
-    """In mtp_patched a padded pack gives the per-depth MTP losses and gradients of the same sequences as bshd rows."""
-    _needed()
+    """In mtp_patched a padded pack gives the per-depth MTP losses and gradients of the same sequences as bshd rows
+    (fixed up where upstream rolls it wrong, upstream's own roll where the probe finds it right)."""
+    _packed_roll()
     model = build(family, depth, tied)
     bshd = bshd_batch()
     want = _patched(model, bshd, detach, fixup=True)
@@ -153,11 +164,10 @@ def test_without_the_fixup_the_packed_padded_mtp_loss_is_wrong(family: str, dept
 
 
 def _tracker_losses(depth: int) -> tuple[float, ...]:
-    """The per-depth losses upstream logged to its MTP tracker (0.19: loss_values; before: values)."""
+    """The per-depth losses upstream logged to its MTP tracker."""
     from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
 
-    tracker = MTPLossLoggingHelper.tracker
-    values = tracker.get("loss_values", tracker.get("values"))
+    values = tracked_losses(MTPLossLoggingHelper.tracker)
     assert values is not None and len(values) == depth
     return tuple(float(v) for v in values)
 
@@ -191,6 +201,32 @@ def test_the_standalone_set_fixes_upstreams_own_mtp(depth: int) -> None:
     record_measurement(f"packed-padded upstream unfixed loss (depth={depth})", loss_broken)
     record_measurement(f"packed-padded upstream unfixed mtp grad (depth={depth})", mtp_broken)
     assert loss_broken > 1e-3 and mtp_broken > 1e-3, (loss_broken, mtp_broken)
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_the_fixup_applies_exactly_where_upstreams_own_mtp_is_wrong_on_a_padded_pack(depth: int) -> None:
+    """The probe, not the version, decides: where upstream's own MTP on a padded pack equals the bshd rows (dev rolls
+    on the padded boundaries) packed_padded_roll says "not needed here" and the block does not apply it; where it
+    does not (0.16.1-0.19.2, main), the fix-up applies."""
+    _packed_roll()
+    model = build_gpt(mtp_num_layers=depth)
+    bshd = bshd_batch()
+    want = _upstream(model, bshd, fixup=False, depth=depth)
+    got = _upstream(model, packed_batch(bshd), fixup=False, depth=depth)
+    upstream_exact = max(_diffs(got, want)) <= TOLERANCE
+    record_measurement(f"packed-padded upstream alone loss (depth={depth})", _diffs(got, want)[0])
+    answer = PACKED_PADDED_ROLL.when.evaluate()
+    assert answer.ok is not upstream_exact, answer.reason
+    with mtp_patched(model) as report:
+        pass
+    text = " ".join(str(report).split())
+    if upstream_exact:
+        assert (
+            "fix-up packed_padded_roll: not applied: not needed here: roll_tensor rolls a padded pack on its "
+            "padded boundaries" in text
+        ), text
+    else:
+        assert "fix-up packed_padded_roll: applied around each forward given a padded pack" in text, text
 
 
 @pytest.mark.no_distributed

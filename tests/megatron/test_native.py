@@ -19,7 +19,7 @@ import torch
 
 import patchreg
 from patches.megatron import mtp_patched
-from patches.megatron._loss import rl_mode
+from patches.megatron._loss import rl_mode, tracked_losses
 from tests.megatron.conftest import build_gpt, make_batch, record_measurement
 from tests.megatron.hybrid_models import build_hybrid, hybrid_skip_reason
 
@@ -65,7 +65,7 @@ def _native(model: Any, detach: bool) -> tuple[Any, tuple[float, ...], dict[str,
     with patchreg.Registry("native").patched(flag, model):
         logits = model(ids, pos, causal, labels=None, loss_mask=mask_in)
         grads = _step(model, logits)
-    losses = tuple(float(v) for v in MTPLossLoggingHelper.tracker["loss_values"])
+    losses = tuple(float(v) for v in tracked_losses(MTPLossLoggingHelper.tracker))
     return logits, losses, grads
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,3 +28,34 @@ def pristine(namespaces: list[Any]) -> Any:
             assert_same_namespace(snap, ns)
 
     return check
+
+
+# -- source trees: a package's tree on PYTHONPATH, with or without its distribution metadata ----------
+
+
+@pytest.fixture(scope="session")
+def no_megatron_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The python of a venv mirroring this one without megatron-core's files and metadata (scripts/source_tree.py)."""
+    from scripts.source_tree import venv_without
+
+    return venv_without(["megatron-core"], tmp_path_factory.mktemp("venv") / "no-megatron-core")
+
+
+@pytest.fixture(scope="session")
+def megatron_tree(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """``megatron_tree("main")``, ``megatron_tree("0.18.2", metadata=False)``: an unpacked snapshot or wheel, once."""
+    from scripts.source_tree import REPO, unpack, wheel
+    from scripts.source_tree import snapshot as archive_of
+
+    made: dict[tuple[str, bool], Path] = {}
+
+    def make(which: str, *, metadata: bool = False) -> Path:
+        if (which, metadata) not in made:
+            cache = REPO / ".cache" / "wheels"
+            archive = archive_of(which) if which in ("main", "dev") else wheel(f"megatron-core=={which}", cache)
+            if archive is None:
+                pytest.skip(f"no Megatron-LM {which} snapshot in ../shared/upstream: set PATCHREG_UPSTREAM to its folder")
+            made[which, metadata] = unpack(archive, tmp_path_factory.mktemp(f"tree-{which}"), metadata=metadata)
+        return made[which, metadata]
+
+    return make
