@@ -125,10 +125,14 @@ def check_compatible(patch: Patch, stack: Stack, other: Patch | None = None, whe
         what = f"also replaces {stack.where}"
     else:
         what = f"wraps {stack.where}, and a replace installed over it would discard that wrapper"
-    msg = (
-        f"Patch {patch.name!r} replaces {stack.where}, but patch {other.name!r}{where} {what}; "
-        "revert one of them first, or make one a kind='wrap' patch (wraps stack)."
-    )
+    if patch.kind == "replace" and other.kind in ("replace", "wrap"):  # two functions: a wrap stacks
+        remedy = "revert one of them first, or make one a kind='wrap' patch (wraps stack)."
+    else:  # a value, item, deletion or mapping: one holder at a time, nothing stacks on it
+        remedy = (
+            f"revert one of them first: a {patch.kind} patch does not stack (only kind='wrap' patches of a function "
+            "do), so keep one of the two (leave the other out of its set, or name it in PATCHREG_DISABLE)."
+        )
+    msg = f"Patch {patch.name!r} replaces {stack.where}, but patch {other.name!r}{where} {what}; {remedy}"
     raise PatchConflictError(msg, patch=patch, target=patch.target)
 
 
