@@ -19,6 +19,7 @@ from patchreg._disable import ENV_DISABLE, is_disabled, is_essential, names
 from patchreg._discovery import Discovery, discover
 from patchreg._records import PatchSet
 from patchreg._stacks import Report
+from patchreg._targets import import_path_meant
 from patchreg.exceptions import PatchDefinitionError, PatchError
 
 __all__ = [
@@ -104,6 +105,9 @@ def _find(names: list[str], found: Discovery) -> dict[str, PatchSet]:
                 f"Remove {name!r} from {ENV_PATCHSETS} and apply it in code with the object (its block, or "
                 "registry.apply(set, obj))."
             )
+            meant = import_path_meant(str(bound[0].where))
+            if meant:  # "json.dumps": a dotted selector, where the module attribute was meant
+                msg += f" If {str(bound[0].where)!r} means a module attribute, write the import path {meant!r}."
             raise PatchDefinitionError(msg)
     return {n: by_name[n] for n in names}
 
