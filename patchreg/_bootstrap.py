@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from patchreg._api import registry
-from patchreg._disable import ENV_DISABLE, is_disabled, is_essential, names
+from patchreg._disable import ENV_DISABLE, is_disabled, is_essential, names, near, unmatched_text
 from patchreg._discovery import Discovery, discover
 from patchreg._records import PatchSet
 from patchreg._stacks import Report
@@ -139,18 +139,13 @@ def unknown_disabled(found: Discovery) -> tuple[list[str], list[str]]:
 
 
 def _warn_unknown_disabled(found: Discovery) -> None:
-    """Log once per process the ``PATCHREG_DISABLE`` names that match nothing, with the known names."""
+    """Log once per process the ``PATCHREG_DISABLE`` names that match nothing, each with the name it may mean."""
     if _warned[0] or not names():
         return
     _warned[0] = True
     unknown, known = unknown_disabled(found)
     if unknown:
-        log.warning(
-            "patchreg: %s names %s, which match(es) no known patch set or patch; known names: %s",
-            ENV_DISABLE,
-            ", ".join(map(repr, unknown)),
-            ", ".join(known) or "none",
-        )
+        log.warning("patchreg: %s", unmatched_text(near(unknown, known)))
 
 
 def env_problems(found: Discovery) -> list[str]:

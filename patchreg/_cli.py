@@ -25,7 +25,7 @@ import attrs
 
 from patchreg import __version__
 from patchreg._bootstrap import ENV_PATCHSETS, env_problems, named_sets, unknown_disabled
-from patchreg._disable import ENV_DISABLE, REASON, is_disabled, is_essential
+from patchreg._disable import ENV_DISABLE, REASON, is_disabled, is_essential, near, unmatched_text
 from patchreg._discovery import KNOWN_MODULES, Discovery, Found, LoadError, discover
 from patchreg._drift import body_fingerprint, drift, resolve
 from patchreg._format import WIDTH, table, wrap
@@ -191,8 +191,7 @@ def _doctor_env(as_json: bool, found: Discovery, out: TextIO) -> int:
         return status
     out.write("".join(f"{k}={v!r}\n" for k, v in variables.items()))
     if unknown:
-        out.write(f"WARNING: {ENV_DISABLE} names {', '.join(map(repr, unknown))}: no known set or patch; known: ")
-        out.write(", ".join(known) + "\n")
+        out.writelines(f"{line}\n" for line in wrap(f"WARNING: {unmatched_text(near(unknown, known))}", WIDTH))
     if not named:
         out.write(f"bootstrap() installs nothing here: {ENV_PATCHSETS} names no patch set.\n")
         return OK

@@ -71,5 +71,6 @@ def test_the_import_path_meant_is_the_longest_module_prefix_found_without_import
 
 def test_a_module_given_to_a_selector_is_told_its_import_path() -> None:
     """A selector applied to a module names the import path of that module's attribute."""
-    with pytest.raises(UnpatchableTargetError, match="use an import path such as 'tests.patchreg.sample:module_func'"):
+    with pytest.raises(UnpatchableTargetError) as info:
         Registry("t").apply(Patch("p", "module_func", plain(1)), sample)
+    assert "use an import path such as 'tests.patchreg.sample:module_func'" in str(info.value)
