@@ -27,7 +27,7 @@ import copy
 from typing import Any
 
 import patchreg
-from patches.megatron._compat import GPT, MTP, upstream
+from patches.megatron._compat import GPT, MTP, absent, upstream
 from patches.megatron._verified import ROLL_PACKED_BODY
 from patchreg import Patch, PatchSet, accepts, check, has, not_needed_when, requires
 
@@ -76,6 +76,9 @@ def roll_on_padded_boundaries(wrapped: Any, instance: Any, args: tuple[Any, ...]
 
 def padded_roll_is_right() -> tuple[bool, str]:
     """Whether upstream's ``roll_tensor`` rolls a padded pack on its padded boundaries (the probe's answer)."""
+    missing = absent("torch", "megatron.core")
+    if missing:
+        return False, missing
     import torch
 
     try:
@@ -124,6 +127,9 @@ PACKED_PADDED_ROLL = Patch(
 
 def _gpt_rolls_through_mtp() -> tuple[bool, str]:
     """0.17+: gpt_model imports no roll_tensor (its MTP loss is process_mtp_loss's, which packed_padded_roll covers)."""
+    missing = absent("megatron.core")
+    if missing:
+        return False, missing
     if has(f"{GPT}:roll_tensor").evaluate().ok:
         return False, "GPTModel._postprocess rolls the MTP labels with the roll_tensor gpt_model imported (0.16)"
     return True, "gpt_model imports no roll_tensor: its MTP loss rolls through the MTP module's (packed_padded_roll)"

@@ -26,7 +26,7 @@ from __future__ import annotations
 import types
 from typing import Any
 
-from patches.megatron._compat import GPT, MTP, binder, mcore_version, upstream
+from patches.megatron._compat import GPT, MTP, absent, binder, mcore_version, upstream
 from patches.megatron._hybrid import Call, call_in_block, run_in_block
 from patches.megatron._loss import RL_MODE, Deferred, last_losses, masked_means, process_groups, roll
 from patches.megatron._models import HYBRID
@@ -59,6 +59,9 @@ _PROBE_LABELS = (3, 4, 0, 0)
 def _rl_mode_probe() -> tuple[bool, str]:
     """Whether upstream's ``process_mtp_loss`` derives the MTP labels from ``input_ids`` with ``labels=None`` and
     detaches the output head under ``mtp_detach_heads`` (a one-depth call on four tokens, no model needed)."""
+    missing = absent("torch", "megatron.core")
+    if missing:
+        return False, missing
     import torch
 
     if not RL_MODE.evaluate().ok:
@@ -112,6 +115,9 @@ natively_covered = check(_covered, UPSTREAM)
 
 
 def _todays_patches() -> tuple[bool, str]:
+    missing = absent("torch", "megatron.core")
+    if missing:  # no release to judge: TODAYS answers no (through _importable), not "not needed"
+        return False, missing
     answer = NATIVE.evaluate()
     return not answer.ok, (
         f"{UPSTREAM}: {answer.reason}" if answer.ok else f"patched: today's patches carry it ({answer.reason})"
@@ -120,7 +126,14 @@ def _todays_patches() -> tuple[bool, str]:
 
 #: the native route's patches are ``not_needed_when(TODAYS)``: a release without the RL mode needs none of them
 #: (``doctor`` counts them as fine there, as today's replacements on 0.19.2)
-TODAYS = not_needed_when(check(_todays_patches, "upstream has no RL mode with mtp_detach_heads here"))
+def _importable() -> tuple[bool, str]:
+    missing = absent("torch", "megatron.core")  # found without importing; a source checkout has no metadata
+    return (False, missing) if missing else (True, "torch and megatron.core can be imported")
+
+
+TODAYS = check(_importable, "torch and megatron.core can be imported") & not_needed_when(
+    check(_todays_patches, "upstream has no RL mode with mtp_detach_heads here")
+)
 _NATIVE: list[bool] = []
 
 
