@@ -7,8 +7,6 @@ apply time and yields :class:`Site` records (a holder object and an attribute na
 from __future__ import annotations
 
 import importlib
-import importlib.machinery
-import importlib.util
 import re
 import sys
 import types
@@ -17,6 +15,7 @@ from typing import Any, NamedTuple
 
 import attrs
 
+from patchreg._modules import found_module
 from patchreg.exceptions import PatchDefinitionError, UnpatchableTargetError
 
 __all__ = [
@@ -547,12 +546,11 @@ NOT_INSTANCES = (type, types.ModuleType, type(None))
 def _check_instance(obj: Any, path: str) -> None:
     if obj is None:
         msg = f"Selector {path!r} needs an object to resolve against, got None; pass the model as obj=."
-        meant = import_path_meant(path)
-        if meant:
+        if meant := import_path_meant(path):
             msg = (
-                f"Target {path!r} has no ':', so it is a selector, which needs an object to resolve against (got "
-                f"None); {meant.partition(':')[0]!r} is a module: to patch its attribute, write the import path "
-                f"{meant!r}. (For a selector, pass the object as obj=.)"
+                f"Target {path!r} has no ':', so it is a selector, which needs an object to resolve against (got None);"
+                f" {meant.partition(':')[0]!r} is a module: to patch its attribute, write the import path {meant!r}."
+                " (For a selector, pass the object as obj=.)"
             )
         raise UnpatchableTargetError(msg, target=path)
     if isinstance(obj, type):
@@ -570,21 +568,9 @@ def _check_instance(obj: Any, path: str) -> None:
 
 
 def import_path_meant(path: str) -> str:
-    """For a dotted selector whose head names a module (``"json.dumps"``): the import path it may mean
-    (``"json:dumps"``, the longest prefix that is a module, found without importing anything); "" when none is."""
-    parts, found, where = path.split("."), "", None
-    for i in range(1, len(parts) if _DOTTED.match(path) else 1):
-        name, parent = ".".join(parts[:i]), ".".join(parts[: i - 1])
-        try:
-            if i == 1 or parent in sys.modules:
-                spec = importlib.util.find_spec(name)
-            else:
-                spec = importlib.machinery.PathFinder.find_spec(name, where) if where is not None else None
-        except (ImportError, ValueError):
-            spec = None
-        if spec is None:
-            break
-        found, where = name, spec.submodule_search_locations
+    """For a dotted selector whose head is a module (``"json.dumps"``): the import path it may mean (``"json:dumps"``,
+    the longest module prefix, :func:`found_module`); "" when none."""
+    found = found_module(path.rpartition(".")[0]) if _DOTTED.match(path) else ""
     return f"{found}:{path[len(found) + 1 :]}" if found else ""
 
 

@@ -134,7 +134,8 @@ def _finder(module: str) -> object:
 
 
 def test_doctor_says_verified_or_review(upstream: tuple[Path, ModuleType], tmp_path: Path) -> None:
-    """doctor lists each declared body: "ok ... verified against this body", then "WARNING ... review" (exit 0)."""
+    """doctor lists each declared body: "ok ... verified against this body" (exit 0), then "WARNING ... review" and
+    exits 1: drift is something wrong."""
     path, module = upstream
     (tmp_path / "drift_sets.py").write_text(
         textwrap.dedent(f"""
@@ -156,8 +157,9 @@ def test_doctor_says_verified_or_review(upstream: tuple[Path, ModuleType], tmp_p
     assert status == 0 and "ok drift-sample.area_twice: verified against this body" in text
     _rewrite(path, CHANGED)
     status, text = doctor()
-    assert status == 0
+    assert status == 1
     assert "WARNING drift-sample.area_twice: upstream body changed since verification: review" in text
+    assert text.rstrip().endswith("1 of 1 patch(es) would install; 1 upstream body(ies) drifted.")
     sys.modules.pop("drift_sets", None)
 
 
