@@ -21,8 +21,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q $(STACK) -e ".[$(EXTRAS)]"
 	@touch $(STAMP)
 
-demo: $(STAMP)
-	$(PY) examples/ppo_step.py
+demo: $(STAMP)  # the installed package's demo (examples/ppo_step.py runs the same)
+	$(PY) -m patches.megatron.demo
 
 test: $(STAMP)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)

@@ -70,3 +70,13 @@ def test_readme_links_point_at_files_that_exist() -> None:
     links = re.findall(r"\]\(([^)#]+)\)", (ROOT / "README.md").read_text())
     assert links
     assert [link for link in links if "://" not in link and not (ROOT / link).is_file()] == []
+
+
+def test_the_examples_run_against_the_installed_packages() -> None:
+    """No example puts the checkout on sys.path: each imports patchreg and patches as installed (pip, -e or wheel)."""
+    edits = [
+        p.name
+        for p in sorted((ROOT / "examples").glob("*.py"))
+        if re.search(r"sys\.path\.(insert|append)", p.read_text())
+    ]
+    assert edits == []

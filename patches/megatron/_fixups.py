@@ -178,8 +178,9 @@ def around_forward(packed: Any) -> Any:
 def fixup_lines() -> list[str]:
     """One line per fix-up for ``str(MTPReport)``: what the block does with it here, and why."""
     answer = PACKED_PADDED_ROLL.when.evaluate()
-    if answer.ok:
-        how = f"applied around each forward given a padded pack (cu_seqlens_q_padded); needed: {answer.reason}"
+    if answer.ok:  # the probe's own finding, once (the predicate's reason repeats each part's "needed: ...")
+        why = _PADDED_ROLL_IS_RIGHT.evaluate().reason
+        how = f"applied around each forward given a padded pack (cu_seqlens_q_padded), since upstream's {why}"
     else:
         how = f"not applied: {answer.reason}"
     return [f"fix-up {PACKED_PADDED_ROLL.name}: {how}"]

@@ -271,23 +271,22 @@ NATIVE_ROUTE = frozenset(p.name for p in (HEADS_DETACHED, HEADS_ATTACHED, RL_MOD
 
 
 def route_lines(entries: Any, skipped: Any) -> list[str]:
-    """Which way each patch of a block's set went here, and why (for ``str(MTPReport)``): one line naming those
-    ``upstream does this natively here`` (the native route's own and today's replacements it covers; the reasons are
-    the engine's skip lines), one ``<name>: patched: <reason>`` line per patch that replaces an upstream body."""
+    """Which way each patch of a block's set went here, and why (for ``str(MTPReport)``): one line naming what
+    ``upstream does this natively here`` (today's replacements skipped as natively covered; the reasons are the
+    engine's skip lines) and the native route's installs that hand the block to upstream's RL mode, then one
+    ``<name>: patched: <reason>`` line per patch that replaces an upstream body."""
     answer = NATIVE.evaluate()
-    native_names, lines = [], []
+    routed, lines = [], []
     for name in dict.fromkeys(entry.patch for entry in entries):
         if name in NATIVE_ROUTE:
-            native_names.append(name)
+            routed.append(name)
         else:
             lines.append(f"{name}: patched: {_WHY.get(name, answer.reason)}")
-    taken = set(native_names) | {line.split(":")[0] for line in lines}
-    for name, reason in skipped:
-        covered = reason.startswith("not needed here: ") and "upstream" in reason  # natively, or fixed upstream
-        if name not in taken and name not in NATIVE_ROUTE and covered:
-            native_names.append(name)
-    head = [f"{UPSTREAM}: {', '.join(native_names)}"] if native_names else []
-    return head + lines
+    natively = [name for name, reason in dict(skipped).items() if name not in NATIVE_ROUTE and UPSTREAM in reason]
+    if not natively and not routed:
+        return lines
+    via = f" ({', '.join(routed)}: installed, they hand the block to upstream's RL mode)" if routed else ""
+    return [f"{UPSTREAM}: {', '.join(natively) or 'the MTP loss'}{via}", *lines]
 
 
 _WHY: dict[str, str] = {"checkpointed_forward": "upstream's MTP recompute is broken on this release"}
