@@ -24,7 +24,9 @@ say() { echo "user-route [$((SECONDS - START)) s]: $*"; }
 fail() { echo "user-route: FAILED: $*" >&2; exit 1; }
 
 rm -rf "$WORK"
-mkdir -p "$WORK/dist" "$WORK/home"
+mkdir -p "$WORK/dist"
+HOME_DIR=$(mktemp -d "${TMPDIR:-/tmp}/patchreg-user-XXXXXX")  # the user's project: outside the checkout
+trap 'rm -rf "$HOME_DIR"' EXIT
 unset PYTHONPATH PATCHREG_PATCHSETS PATCHREG_DISABLE
 
 say "building the sdist and the wheel from a copy of the checkout's files (tracked and not ignored)"
@@ -92,7 +94,7 @@ say "a fresh venv with the wheel and the core dependencies only"
 "$PY312" -m venv "$WORK/venv"
 PY=$WORK/venv/bin/python
 "$PY" -m pip install -q "$WHEEL"
-cd "$WORK/home"  # away from the checkout: nothing of it is on sys.path
+cd "$HOME_DIR"  # away from the checkout: nothing of it is on sys.path, no pytest config of it applies
 "$PY" - <<'EOF' || fail "import patchreg imported a heavy library, or not from the venv"
 import sys
 import patchreg
@@ -148,9 +150,10 @@ def test_the_plugins_fixture(patch_registry):
 def test_a_leak_is_caught_by_the_plugin():
     patchreg.apply(COMPACT)  # never reverted: the plugin's leak guard fails this test and reverts it
 EOF
-"$PY" -m pytest -q -p no:cacheprovider test_user_sets.py > pytest.log 2>&1 && fail "the plugin's leak guard did not run"
-grep -q "1 failed, 1 passed" pytest.log && grep -q "test left patches active in patchreg.registry" pytest.log \
-    || { cat pytest.log; fail "the pytest plugin (fixture, leak guard) did not behave"; }
+"$PY" -m pytest -q -rA -p no:cacheprovider test_user_sets.py > pytest.log 2>&1 && fail "the leak guard did not run"
+grep -q "^PASSED test_user_sets.py::test_the_plugins_fixture" pytest.log \
+    && grep -q "^ERROR test_user_sets.py::test_a_leak_is_caught_by_the_plugin - Failed: test left patches active" \
+        pytest.log || { cat pytest.log; fail "the pytest plugin (fixture, leak guard) did not behave"; }
 say "the pytest plugin: its fixture works, its leak guard fails a leaking test"
 "$WORK/venv/bin/patchreg" list > list.txt || fail "patchreg list exited $?"
 "$WORK/venv/bin/patchreg" doctor > doctor.txt || { cat doctor.txt; fail "patchreg doctor is red in a core-only venv"; }
