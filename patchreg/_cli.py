@@ -368,7 +368,8 @@ def _write_doctor(
     elsewhere: Sequence[tuple[Found, list[str]]] = (),
 ) -> None:
     stack = ", ".join(f"{name} {_version(name)}" for name in STACK)
-    out.write(f"patchreg {__version__} doctor: python {platform.python_version()}, {stack}\n\n")
+    header = f"patchreg {__version__} doctor: python {platform.python_version()}, {stack}"
+    out.write("\n".join(wrap(header, WIDTH)) + "\n\n")
     cells = [(r.set, r.patch, _install_cell(r), _found(r.versions), r.reason) for r in rows]
     text = table(("set", "patch", "install", "found", "reason"), cells, width=WIDTH, truncate=True, floors=_FLOORS)
     out.write(text + "\n" if rows else "no patch set to check here.\n")

@@ -490,3 +490,13 @@ def test_list_and_show_fit_100_columns() -> None:
         out = io.StringIO()
         assert run(argv, finder=lambda extra: Discovery(found, ()), out=out) == 0
         assert max(len(line) for line in out.getvalue().splitlines()) <= 100, out.getvalue()
+
+
+def test_doctor_header_fits_100_columns_where_nothing_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With every stack distribution missing, the header line (their versions) still fits 100 columns."""
+    import patchreg._cli
+
+    monkeypatch.setattr(patchreg._cli, "_version", lambda name: "not installed")
+    status, out = _doctor(_coverage((HERE, False)))
+    assert status == 0 and max(len(line) for line in out.splitlines()) <= 100, out
+    assert "torch not installed" in " ".join(out.split())
