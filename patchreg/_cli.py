@@ -191,7 +191,8 @@ def _cmd_doctor(args: argparse.Namespace, found: Discovery, out: TextIO) -> int:
         return _doctor_env(args.json, found, out)
     sets, errors = _select(found, args.sets)
     elsewhere = [] if args.sets or args.all else elsewhere_sets(sets)
-    rows = [diagnose(p, f) for f in sets if f not in dict(elsewhere) for p in f.patch_set]
+    unchecked = {id(f) for f, _ in elsewhere}
+    rows = [diagnose(p, f) for f in sets if id(f) not in unchecked for p in f.patch_set]
     if args.json:
         objects = [r.as_dict() for r in rows] + [_error_dict(e) for e in errors]
         out.write(json.dumps(objects, indent=2) + "\n")
