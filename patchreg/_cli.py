@@ -283,7 +283,8 @@ def diagnose(patch: Patch, found: Found) -> Diagnosis:
     install, reason, needed = (
         (False, _REFUSES if is_essential(patch) else REASON, is_essential(patch)) if disabled else _would_install(patch)
     )
-    found_drift = drift(patch.verified) if patch.verified is not None and install else None
+    # the body upstream has: where the patch itself is installed (a block running doctor), the one it displaced
+    found_drift = drift(patch.verified, patch) if patch.verified is not None and install else None
     return Diagnosis(
         set=found.name,
         source=found.source,
