@@ -33,7 +33,7 @@ from patchreg._disable import ENV_DISABLE, REASON, is_disabled, is_essential, ne
 from patchreg._discovery import KNOWN_MODULES, Discovery, Found, LoadError, discover
 from patchreg._drift import body_fingerprint, drift, resolve
 from patchreg._format import WIDTH, table, wrap
-from patchreg._modules import found_module
+from patchreg._modules import missing_package
 from patchreg._predicates import distributions, provider
 from patchreg._records import Patch
 from patchreg._registry import Registry
@@ -212,8 +212,9 @@ def elsewhere_sets(sets: Sequence[Found]) -> list[tuple[Found, list[str]]]:
 
 
 def missing_here(found: Found) -> list[str]:
-    """What the set's patches name that this environment lacks, found without importing: the modules of its import
-    paths (targets, ``has()``, ``accepts()``) outside the standard library, else the distributions it requires()."""
+    """What the set's patches name that this environment lacks, found without importing: the packages of its import
+    paths (targets, ``has()``, ``accepts()``) outside the standard library (a module a release lacks inside an installed
+    package does not count: the predicates judge that), else the distributions it requires()."""
     modules: set[str] = set()
     required: set[str] = set()
     for patch in found.patch_set:
@@ -222,17 +223,8 @@ def missing_here(found: Found) -> list[str]:
         required.update(distributions(patch.when))
     modules = {m for m in modules if m.partition(".")[0] not in sys.stdlib_module_names}
     if modules:
-        return sorted({absent for m in modules if (absent := _first_absent(m))})
+        return sorted({absent for m in modules if (absent := missing_package(m))})
     return sorted(name for name in required if provider(name).version is None)
-
-
-def _first_absent(module: str) -> str:
-    """The first package of the dotted ``module`` that cannot be found (``megatron.bridge``); "" when all can be."""
-    found = found_module(module)
-    if found == module:
-        return ""
-    parts = module.split(".")
-    return ".".join(parts[: len(found.split(".")) + 1 if found else 1])
 
 
 def _doctor_env(as_json: bool, found: Discovery, out: TextIO) -> int:

@@ -19,10 +19,10 @@ import importlib.machinery
 import importlib.util
 import sys
 import types
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-__all__ = ["PACKAGE", "found_module", "is_ours", "ours", "shadowed_by", "shadowing"]
+__all__ = ["PACKAGE", "found_module", "is_ours", "missing_package", "ours", "shadowed_by", "shadowing"]
 
 #: The top-level name of patchreg's patch sets.
 PACKAGE = "patches"
@@ -30,9 +30,9 @@ PACKAGE = "patches"
 SUBPACKAGES = ("megatron", "vllm", "verl")
 
 
-def found_module(name: str) -> str:
-    """The longest prefix of the dotted ``name`` that is a module, found without importing anything; "" if none."""
-    parts, found, where = name.split("."), "", None
+def _specs(name: str) -> Iterator[tuple[str, importlib.machinery.ModuleSpec | None]]:
+    """Each prefix of the dotted ``name`` with its spec, found without importing, up to the first not found (None)."""
+    parts, where = name.split("."), None
     for i in range(1, len(parts) + 1):
         prefix, parent = ".".join(parts[:i]), ".".join(parts[: i - 1])
         try:
@@ -42,10 +42,31 @@ def found_module(name: str) -> str:
                 spec = importlib.machinery.PathFinder.find_spec(prefix, where) if where is not None else None
         except (ImportError, ValueError):
             spec = None
+        yield prefix, spec
         if spec is None:
-            break
-        found, where = prefix, spec.submodule_search_locations
+            return
+        where = spec.submodule_search_locations
+
+
+def found_module(name: str) -> str:
+    """The longest prefix of the dotted ``name`` that is a module, found without importing anything; "" if none."""
+    found = ""
+    for prefix, spec in _specs(name):
+        if spec is not None:
+            found = prefix
     return found
+
+
+def missing_package(name: str) -> str:
+    """The package of the dotted module ``name`` that is not installed, found without importing: its first prefix
+    that cannot be found before one that is a regular package or module (``megatron.bridge`` under the namespace
+    ``megatron``; ``verl``); "" when that package is installed, whether or not ``name`` itself exists in it."""
+    for prefix, spec in _specs(name):
+        if spec is None:
+            return prefix
+        if spec.origin not in (None, "namespace"):  # a regular package or module: its distribution is installed
+            return ""
+    return ""
 
 
 def ours() -> Path:

@@ -469,6 +469,14 @@ def test_doctor_checks_a_users_set_and_a_named_set_whatever_is_installed() -> No
     assert status == 1 and "gone2" in out and "not checked" not in out
 
 
+def test_a_module_a_release_lacks_inside_an_installed_package_is_checked_not_skipped() -> None:
+    """A bundled set naming a module its installed package lacks (HybridModel's on megatron-core 0.17) is checked:
+    its predicates judge the release; only a package that is not installed sends a set to the one line."""
+    partly = PatchSet("ours-partly", [Patch("absent-here", "tests.patchreg.no_such_module_xyz:f", len)])
+    status, out = _doctor(_coverage((partly, True)))
+    assert status == 1 and "absent-here" in out and "not checked" not in out
+
+
 def test_doctor_with_nothing_to_check_says_so_and_exits_zero() -> None:
     """Where none of the bundled sets' packages is installed and the user has none, doctor is green in a few lines."""
     status, out = _doctor(_coverage((ELSEWHERE, True)))

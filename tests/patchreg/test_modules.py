@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from patchreg._modules import found_module, is_ours, ours, shadowed_by, shadowing
+from patchreg._modules import found_module, is_ours, missing_package, ours, shadowed_by, shadowing
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -88,3 +88,16 @@ def test_a_users_own_subpackage_of_patches_still_imports(shadowed: Path) -> None
     (shadowed / "patches" / "mine.py").write_text("VALUE = 1\n")
     result = _run(shadowed, "-c", "import patchreg, patches.mine; print(patches.mine.VALUE)")
     assert result.returncode == 0 and result.stdout.strip() == "1", result.stderr
+
+
+def test_missing_package_stops_at_the_installed_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a namespace package the missing package is its missing subpackage (megatron.bridge under megatron); a
+    module a release lacks inside an installed package is not a missing package."""
+    (tmp_path / "ns_xyz" / "core").mkdir(parents=True)  # ns_xyz: a namespace package; ns_xyz.core: a regular one
+    (tmp_path / "ns_xyz" / "core" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert missing_package("ns_xyz.core.models.absent_in_this_release") == ""
+    assert missing_package("ns_xyz.bridge.models.gpt") == "ns_xyz.bridge"
+    assert missing_package("no_such_package_xyz.mod") == "no_such_package_xyz"
+    assert missing_package("tests.patchreg.no_such_module_xyz") == ""
+    assert "ns_xyz" not in sys.modules and "ns_xyz.core" not in sys.modules  # found, not imported
