@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export VLLM_TARGET_DEVICE := cpu
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: env demo test test-slow test-matrix test-source-trees test-vllm-engine test-verl bridge-overlay rl-loop test-rl-loop lint bench bench-release bench-release-check bench-quick bench-cachesim reliability docs docs-serve clean
+.PHONY: env demo test test-slow test-matrix test-source-trees test-user-route test-vllm-engine test-verl bridge-overlay rl-loop test-rl-loop lint bench bench-release bench-release-check bench-quick bench-cachesim reliability docs docs-serve clean
 
 env: $(STAMP)
 
@@ -21,8 +21,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q $(STACK) -e ".[$(EXTRAS)]"
 	@touch $(STAMP)
 
-demo: $(STAMP)
-	$(PY) examples/ppo_step.py
+demo: $(STAMP)  # the installed package's demo (examples/ppo_step.py runs the same)
+	$(PY) -m patches.megatron.demo
 
 test: $(STAMP)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
@@ -38,6 +38,13 @@ test-matrix: $(STAMP)
 # dist-info, in a view of .venv without megatron-core; then main over .venv's 0.19.2 metadata.
 test-source-trees: $(STAMP)
 	bash scripts/test-source-trees.sh
+# The user's route (docs/guides/install.md): the sdist and the wheel built and checked, the wheel in a fresh venv
+# (core dependencies only, then megatron-core and torch from the registry, the versions .venv has), run from outside
+# the checkout. No .venv, no editable install: its own venvs under .cache/user-route.
+USER_ROUTE_STACK := megatron-core==0.19.2 torch==2.14.0
+
+test-user-route:
+	PY312=$(PY312) USER_ROUTE_STACK="$(USER_ROUTE_STACK)" bash scripts/user-route.sh
 
 # verl 0.9.1 without its dependencies, plus what importing its engine, forward and rollout modules needs,
 # in an overlay over .venv (verl's full requirements would replace the pinned torch / vLLM stack).

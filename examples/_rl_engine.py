@@ -129,6 +129,4 @@ def _run(llm: Any, command: dict[str, Any]) -> dict[str, Any]:
 
 
 if __name__ == "__main__":  # vLLM's spawned processes re-import this file: only the engine's own process serves
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
     serve(sys.argv[1])

@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import socket
-import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -30,8 +29,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron(\.|$)")
 warnings.filterwarnings(

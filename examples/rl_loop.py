@@ -386,8 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", type=Path, default=None, help="keep the exports and engine logs in this directory")
     args = parser.parse_args(argv)
     ensure_environments()
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import _rl_trainer as trainer
+    import _rl_trainer as trainer  # examples/_rl_trainer.py: this script's own directory is on sys.path
 
     steps = args.steps if args.steps is not None else trainer.STEPS
     with contextlib.ExitStack() as stack:

@@ -11,18 +11,13 @@ in ``.cache/verl-overlay``; run ``PYTHONPATH=.cache/verl-overlay:. python exampl
 from __future__ import annotations
 
 import gc
-import importlib.util
 import os
-import sys
 import warnings
 import weakref
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 os.environ["VERL_USE_EXTERNAL_MODULES"] = "patches.verl"  # in a Ray job: runtime_env={"env_vars": {...}}
-if importlib.util.find_spec("patches") is None:  # run from a checkout without `pip install -e .`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 warnings.filterwarnings("ignore")  # "Apex is not installed", verl's optional engines, ...
 
 import torch  # noqa: E402

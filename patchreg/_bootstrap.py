@@ -14,11 +14,12 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from patchreg._disable import ENV_DISABLE, is_disabled, is_essential, names
+from patchreg._disable import ENV_DISABLE, is_disabled, is_essential, names, near, unmatched_text
 from patchreg._discovery import Discovery, discover
 from patchreg._ledger import Report
 from patchreg._records import PatchSet
 from patchreg._registry import registry
+from patchreg._targets import import_path_meant
 from patchreg.exceptions import PatchDefinitionError, PatchError
 
 __all__ = [
@@ -104,6 +105,9 @@ def _find(names: list[str], found: Discovery) -> dict[str, PatchSet]:
                 f"Remove {name!r} from {ENV_PATCHSETS} and apply it in code with the object (its block, or "
                 "registry.apply(set, obj))."
             )
+            meant = import_path_meant(str(bound[0].where))
+            if meant:  # "json.dumps": a dotted selector, where the module attribute was meant
+                msg += f" If {str(bound[0].where)!r} means a module attribute, write the import path {meant!r}."
             raise PatchDefinitionError(msg)
     return {n: by_name[n] for n in names}
 
@@ -135,18 +139,13 @@ def unknown_disabled(found: Discovery) -> tuple[list[str], list[str]]:
 
 
 def _warn_unknown_disabled(found: Discovery) -> None:
-    """Log once per process the ``PATCHREG_DISABLE`` names that match nothing, with the known names."""
+    """Log once per process the ``PATCHREG_DISABLE`` names that match nothing, each with the name it may mean."""
     if _warned[0] or not names():
         return
     _warned[0] = True
     unknown, known = unknown_disabled(found)
     if unknown:
-        log.warning(
-            "patchreg: %s names %s, which match(es) no known patch set or patch; known names: %s",
-            ENV_DISABLE,
-            ", ".join(map(repr, unknown)),
-            ", ".join(known) or "none",
-        )
+        log.warning("patchreg: %s", unmatched_text(near(unknown, known)))
 
 
 def env_problems(found: Discovery) -> list[str]:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 __all__ = [
     "check_mapping",
     "check_patchable",
+    "conflict",
     "covered",
     "locate",
     "name_patch",
@@ -150,6 +151,23 @@ def stored_another(
         f"else's or restore exactly. {after}; patch the code that uses it instead."
     )
     return UnpatchableTargetError(msg, patch=patch, target=patch.target)
+
+
+def conflict(patch: Patch, other: Patch, where: str, registry: str) -> str:
+    """Why ``patch`` cannot be installed on ``where`` over ``other`` (``registry``: its registry, when another's)."""
+    if other.kind != "wrap":
+        what = f"also replaces {where}"
+    else:
+        what = f"wraps {where}, and a replace installed over it would discard that wrapper"
+    on = f" (in registry {registry!r})" if registry else ""
+    if patch.kind == "replace" and other.kind in ("replace", "wrap"):  # two functions: a wrap stacks
+        remedy = "revert one of them first, or make one a kind='wrap' patch (wraps stack)."
+    else:  # a value, item, deletion or mapping: one holder at a time, nothing stacks on it
+        remedy = (
+            f"revert one of them first: a {patch.kind} patch does not stack (only kind='wrap' patches of a function "
+            "do), so keep one of the two (leave the other out of its set, or name it in PATCHREG_DISABLE)."
+        )
+    return f"Patch {patch.name!r} replaces {where}, but patch {other.name!r}{on} {what}; {remedy}"
 
 
 def covered(name: str, where: str, over: tuple[str, bool] | None) -> str:

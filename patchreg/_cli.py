@@ -1,9 +1,13 @@
 """``python -m patchreg``: list the known patch sets, check them against this environment, show one patch.
 
-Exit status: 0 success; 1 ``doctor`` found a patch that would not install (or a set that
-failed to load; with ``--against``, a verified body that changed); 2 usage errors (bad arguments,
-unknown set or patch name, a candidate that cannot be read); 3 ``doctor --against`` judged no
-failure but some patches are unknown there (a behavioural probe needs the import).
+Exit status: 0 success; 1 ``doctor`` found something wrong: a patch that should install and
+would not (a disabled essential one among them), an upstream body that drifted from the one a
+patch was verified against (with ``--against``: from the candidate's), or a set that failed to
+load; 2 usage errors (bad arguments, unknown set or patch name, a candidate that cannot be read);
+3 ``doctor --against`` judged nothing wrong but some patches unknown there (a behavioural probe
+needs the import). By default ``doctor`` checks the sets whose packages are installed here and
+the user's own (entry points of other distributions, ``-m`` modules); patchreg's bundled sets for
+packages this environment lacks take one line (``--all`` checks them too).
 Output is plain text with stable columns (the same on a terminal and in a pipe). What
 libraries print to ``sys.stdout`` while they are imported or predicates evaluated goes to
 stderr, so that stdout holds only the report (``doctor --json`` stays valid JSON).
@@ -28,14 +32,14 @@ import attrs
 from patchreg import __version__
 from patchreg._audit import CandidateError, audit, named_paths
 from patchreg._bootstrap import ENV_PATCHSETS, env_problems, named_sets, unknown_disabled
-from patchreg._disable import ENV_DISABLE, REASON, is_disabled, is_essential
+from patchreg._disable import ENV_DISABLE, REASON, is_disabled, is_essential, near, unmatched_text
 from patchreg._discovery import KNOWN_MODULES, Discovery, Found, LoadError, discover
 from patchreg._drift import body_fingerprint, drift, resolve
 from patchreg._format import WIDTH, table, wrap
 from patchreg._predicates import distributions
 from patchreg._records import Patch
 from patchreg._registry import Registry
-from patchreg._sources import requirement_of
+from patchreg._sources import missing_package, requirement_of
 from patchreg._targets import ImportPath
 from patchreg._versions import provider
 from patchreg.exceptions import PatchError, PatchWarning
@@ -110,8 +114,9 @@ def _parser() -> argparse.ArgumentParser:
         prog="patchreg",
         description="Inspect the patch sets known in this environment: patchreg's own and those "
         "installed distributions declare in the 'patchreg.patchsets' entry-point group.",
-        epilog="Exit status: 0 ok, 1 doctor found a patch that would not install, 2 usage error, "
-        "3 doctor --against found only unknowns.",
+        epilog="Exit status: 0 ok, 1 doctor found something wrong (a patch that should install and would not, "
+        "an upstream body drifted, a set that failed to load), 2 usage error, 3 doctor --against found only "
+        "unknowns.",
     )
     parser.add_argument("--version", action="version", version=f"patchreg {__version__}")
     parser.add_argument(
@@ -120,8 +125,16 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
     p = sub.add_parser("list", help="every known patch set: source, number of patches, description")
     p.set_defaults(command=_cmd_list, name="list")
-    p = sub.add_parser("doctor", help="would each patch install here, and why (exit 1 if one would not)")
-    p.add_argument("sets", nargs="*", metavar="SET", help="patch set names or module names (default: all)")
+    p = sub.add_parser("doctor", help="would each patch install here, and why (exit 1 if something is wrong)")
+    p.add_argument(
+        "sets",
+        nargs="*",
+        metavar="SET",
+        help="patch set names or module names (default: the sets whose packages are installed here, and yours)",
+    )
+    p.add_argument(
+        "--all", action="store_true", help="also the bundled sets for packages not installed here (default: one line)"
+    )
     p.add_argument("--json", action="store_true", help="print a JSON list of objects, one per patch")
     p.add_argument(
         "--env",
@@ -156,9 +169,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def _cmd_list(args: argparse.Namespace, found: Discovery, out: TextIO) -> int:
     rows = [(f.name, str(len(f.patch_set)), f.source, _first_line(f.patch_set.doc)) for f in found.sets]
-    out.write(table(("set", "patches", "source", "description"), rows) + "\n")
+    floors = (max((len(r[0]) for r in rows), default=0), 0, *_LIST_FLOORS)  # set names whole
+    out.write(table(("set", "patches", "source", "description"), rows, width=WIDTH, floors=floors) + "\n")
     _write_errors(found.errors, out)
     return OK
+
+
+#: The narrowest the list's source and description columns become (long ones wrap onto continuation lines).
+_LIST_FLOORS = (24, 30)
 
 
 def _first_line(text: str) -> str:
@@ -168,7 +186,10 @@ def _first_line(text: str) -> str:
 def _write_errors(errors: Sequence[LoadError], out: TextIO) -> None:
     if errors:
         out.write("\nnot loaded:\n")
-        out.writelines(f"  {e.reason}\n" for e in errors)
+        for e in errors:  # wrapped to fit 100 columns
+            first, *rest = wrap(e.reason, WIDTH - 4)
+            out.write(f"  {first}\n")
+            out.writelines(f"    {line}\n" for line in rest)
 
 
 # -- doctor -----------------------------------------------------------------------------------
@@ -183,13 +204,41 @@ def _cmd_doctor(args: argparse.Namespace, found: Discovery, out: TextIO) -> int:
             raise UsageError(msg)
         return _doctor_env(args.json, found, out)
     sets, errors = _select(found, args.sets)
-    rows = [diagnose(p, f) for f in sets for p in f.patch_set]
+    elsewhere = [] if args.sets or args.all else elsewhere_sets(sets)
+    unchecked = {id(f) for f, _ in elsewhere}
+    rows = [diagnose(p, f) for f in sets if id(f) not in unchecked for p in f.patch_set]
     if args.json:
         objects = [r.as_dict() for r in rows] + [_error_dict(e) for e in errors]
         out.write(json.dumps(objects, indent=2) + "\n")
     else:
-        _write_doctor(rows, errors, out)
-    return OK if all(r.fine for r in rows) and not errors else FAILED
+        _write_doctor(rows, errors, out, elsewhere)
+    return OK if healthy(rows) and not errors else FAILED
+
+
+def healthy(rows: Sequence[Diagnosis]) -> bool:
+    """Nothing wrong: every patch installs or is not needed here, and every upstream body checked is verified."""
+    return all(r.fine and r.body_ok for r in rows)
+
+
+def elsewhere_sets(sets: Sequence[Found]) -> list[tuple[Found, list[str]]]:
+    """The bundled sets among ``sets`` for packages not installed here, each with what it names that is missing."""
+    return [(f, missing) for f in sets if f.bundled and (missing := missing_here(f))]
+
+
+def missing_here(found: Found) -> list[str]:
+    """What the set's patches name that this environment lacks, found without importing: the packages of its import
+    paths (targets, ``has()``, ``accepts()``) outside the standard library (a module a release lacks inside an installed
+    package does not count: the predicates judge that), else the distributions it requires()."""
+    modules: set[str] = set()
+    required: set[str] = set()
+    for patch in found.patch_set:
+        paths = [str(patch.where)] if isinstance(patch.where, ImportPath) else []
+        modules.update(p.partition(":")[0] for p in (*paths, *named_paths(patch.when)))
+        required.update(distributions(patch.when))
+    modules = {m for m in modules if m.partition(".")[0] not in sys.stdlib_module_names}
+    if modules:
+        return sorted({absent for m in modules if (absent := missing_package(m))})
+    return sorted(name for name in required if provider(name).version is None)
 
 
 def _doctor_env(as_json: bool, found: Discovery, out: TextIO) -> int:
@@ -199,15 +248,14 @@ def _doctor_env(as_json: bool, found: Discovery, out: TextIO) -> int:
     problems = env_problems(found)
     unknown, known = unknown_disabled(found)
     rows = [diagnose(p, f) for n in named for f in found.sets if f.name == n for p in f.patch_set]
-    status = OK if not problems and all(r.fine for r in rows) else FAILED
+    status = OK if not problems and healthy(rows) else FAILED
     if as_json:
         objects = {"variables": variables, "problems": problems, "unknown_disabled": unknown}
         out.write(json.dumps({**objects, "patches": [r.as_dict() for r in rows]}, indent=2) + "\n")
         return status
     out.write("".join(f"{k}={v!r}\n" for k, v in variables.items()))
     if unknown:
-        out.write(f"WARNING: {ENV_DISABLE} names {', '.join(map(repr, unknown))}: no known set or patch; known: ")
-        out.write(", ".join(known) + "\n")
+        out.writelines(f"{line}\n" for line in wrap(f"WARNING: {unmatched_text(near(unknown, known))}", WIDTH))
     if not named:
         out.write(f"bootstrap() installs nothing here: {ENV_PATCHSETS} names no patch set.\n")
         return OK
@@ -253,7 +301,8 @@ def diagnose(patch: Patch, found: Found) -> Diagnosis:
     install, reason, needed = (
         (False, _REFUSES if is_essential(patch) else REASON, is_essential(patch)) if disabled else _would_install(patch)
     )
-    found_drift = drift(patch.verified) if patch.verified is not None and install else None
+    # the body upstream has: where the patch itself is installed (a block running doctor), the one it displaced
+    found_drift = drift(patch.verified, patch) if patch.verified is not None and install else None
     return Diagnosis(
         set=found.name,
         source=found.source,
@@ -322,29 +371,59 @@ def _error_dict(error: LoadError) -> dict[str, Any]:
     return blank | fields | {"body": "", "body_ok": True}
 
 
-def _write_doctor(rows: Sequence[Diagnosis], errors: Sequence[LoadError], out: TextIO) -> None:
+def _write_doctor(
+    rows: Sequence[Diagnosis],
+    errors: Sequence[LoadError],
+    out: TextIO,
+    elsewhere: Sequence[tuple[Found, list[str]]] = (),
+) -> None:
     stack = ", ".join(f"{name} {_version(name)}" for name in STACK)
-    out.write(f"patchreg {__version__} doctor: python {platform.python_version()}, {stack}\n\n")
+    header = f"patchreg {__version__} doctor: python {platform.python_version()}, {stack}"
+    out.write("\n".join(wrap(header, WIDTH)) + "\n\n")
     cells = [(r.set, r.patch, _install_cell(r), _found(r.versions), r.reason) for r in rows]
     text = table(("set", "patch", "install", "found", "reason"), cells, width=WIDTH, truncate=True, floors=_FLOORS)
-    out.write(text + "\n")
+    out.write(text + "\n" if rows else "no patch set to check here.\n")
     bodies = [r for r in rows if r.body]
-    if bodies:  # drift: a warning to review, never a failure
+    if bodies:  # drift: a failure (exit 1), to review
         out.write("\nupstream bodies:\n")
         for r in bodies:  # wrapped to fit 100 columns (whole in --json)
             first, *rest = wrap(f"{'ok' if r.body_ok else 'WARNING'} {r.set}.{r.patch}: {r.body}", WIDTH - 6)
             out.write(f"  {first}\n")
             out.writelines(f"      {line}\n" for line in rest)
     _write_errors(errors, out)
-    ok = sum(r.install for r in rows)
-    unneeded = sum(1 for r in rows if not r.install and not r.needed)
-    tail = f", {unneeded} not needed here" if unneeded else ""
-    tail += f"; {len(errors)} not loaded" if errors else ""
+    _write_elsewhere(elsewhere, out)
     if "…" in text:
         out.write(
             "\n(reasons cut to fit 100 columns: `patchreg show SET.PATCH` and `doctor --json` print them whole)\n"
         )
-    out.write(f"\n{ok} of {len(rows)} patch(es) would install{tail}.\n")
+    out.write(f"\n{_verdict(rows, errors)}\n")
+
+
+def _verdict(rows: Sequence[Diagnosis], errors: Sequence[LoadError]) -> str:
+    """The last line: how many patches would install, how many are not needed, and what else is wrong."""
+    ok = sum(r.install for r in rows)
+    unneeded = sum(1 for r in rows if not r.install and not r.needed)
+    drifted = sum(1 for r in rows if not r.body_ok)
+    tail = f", {unneeded} not needed here" if unneeded else ""
+    tail += f"; {drifted} upstream body(ies) drifted" if drifted else ""
+    tail += f"; {len(errors)} not loaded" if errors else ""
+    return f"{ok} of {len(rows)} patch(es) would install{tail}."
+
+
+def _write_elsewhere(elsewhere: Sequence[tuple[Found, list[str]]], out: TextIO) -> None:
+    """One paragraph for the bundled sets not checked: what each lacks here, and how to check them anyway."""
+    if not elsewhere:
+        return
+    count = sum(len(f.patch_set) for f, _ in elsewhere)
+    by_missing: dict[str, list[str]] = {}
+    for f, missing in elsewhere:
+        by_missing.setdefault(", ".join(missing), []).append(f.name)
+    sets = "; ".join(f"{', '.join(names)} (needs {missing})" for missing, names in by_missing.items())
+    text = (
+        f"not checked: {len(elsewhere)} bundled set(s), {count} patch(es), for packages not installed here: {sets}. "
+        "`patchreg doctor --all` checks them too."
+    )
+    out.write("\n" + "\n".join(wrap(text, WIDTH)) + "\n")
 
 
 #: The narrowest the doctor table's columns become (the reason keeps room; names wrap).
@@ -399,9 +478,20 @@ def _cmd_show(args: argparse.Namespace, found: Discovery, out: TextIO) -> int:
         ("found", _found(_versions(patch))),
     ]
     width = max(len(k) for k, _ in lines)
-    out.writelines(f"{key.ljust(width)}  {value}\n" for key, value in lines)
-    out.write(f"\n{_docstring(patch)}\n")
+    for key, value in lines:  # wrapped to fit 100 columns, continuation lines under the value
+        first, *rest = wrap(value, WIDTH - width - 2)
+        out.write(f"{key.ljust(width)}  {first}\n")
+        out.writelines(f"{' ' * (width + 2)}{line}\n" for line in rest)
+    out.write("\n" + "\n".join(_fit(line) for line in _docstring(patch).splitlines()) + "\n")
     return OK
+
+
+def _fit(line: str) -> str:
+    """``line`` wrapped to 100 columns, its continuation lines indented as it is."""
+    if len(line) <= WIDTH:
+        return line
+    indent = line[: len(line) - len(line.lstrip())]
+    return "\n".join(indent + part for part in wrap(line, WIDTH - len(indent)))
 
 
 def _lookup(found: Discovery, name: str) -> tuple[Found, Patch]:

@@ -10,7 +10,12 @@ are loaded, never arbitrary strings.
 A module that is missing or fails to import, or an entry point that does not load
 or yields no PatchSet, becomes a :class:`LoadError`: discovery never raises for it,
 not even when it calls ``sys.exit()`` (a script-like module parsing ``sys.argv``).
-Only ``KeyboardInterrupt`` gets through.
+Only ``KeyboardInterrupt`` gets through. Where another ``patches`` takes the name of ours
+(:func:`patchreg._sources.shadowing`), our modules are not imported: one LoadError names the path
+in the way and the remedy, and so does each of our entry points that fails for it.
+
+A :class:`Found` set is *bundled* when its module is in the ``patches`` folder patchreg installs
+(ours, as opposed to the user's own sets: ``-m`` modules and other distributions' entry points).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import importlib
 import importlib.metadata
 import logging
 import pkgutil
+import sys
 import types
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -26,6 +32,7 @@ from typing import Any
 import attrs
 
 from patchreg._records import PatchSet
+from patchreg._sources import PACKAGE, is_ours, shadowed_by, shadowing
 
 __all__ = ["ENTRY_POINT_GROUP", "KNOWN_MODULES", "KNOWN_PACKAGES", "Discovery", "Found", "LoadError", "discover"]
 
@@ -46,6 +53,7 @@ class Found:
     patch_set: PatchSet
     source: str
     origin: str  # the module name, or the entry point's name
+    bundled: bool = False  # defined in patchreg's own ``patches`` folder
 
     @property
     def name(self) -> str:
@@ -79,12 +87,27 @@ def discover(
     """Import the known modules and load the entry points of ``group``; never raises for a bad one."""
     found: list[Found] = []
     errors: list[LoadError] = []
+    modules, packages = _unless_shadowed(modules, packages, errors)
     for name in _expand(modules, packages, errors):
         _scan_module(name, found, errors)
     if group is not None:
         for ep in _entry_points(group):
             _load_entry_point(ep, found, errors)
     return Discovery(_unique(found), tuple(errors))
+
+
+def _unless_shadowed(
+    modules: Sequence[str], packages: Sequence[str], errors: list[LoadError]
+) -> tuple[Sequence[str], Sequence[str]]:
+    """``modules`` and ``packages`` less ours when another ``patches`` shadows ours (one LoadError says so)."""
+    mine = [n for n in (*modules, *packages) if n.partition(".")[0] == PACKAGE]
+    text = shadowing() if mine else ""
+    if not text:
+        return modules, packages
+    reason = f"patchreg's patch sets ({', '.join(mine)}) not loaded: {text}"
+    log.warning("patchreg: %s", reason)
+    errors.append(LoadError(f"module {PACKAGE}", PACKAGE, reason))
+    return [m for m in modules if m not in mine], [p for p in packages if p not in mine]
 
 
 def _expand(modules: Sequence[str], packages: Sequence[str], errors: list[LoadError]) -> list[str]:
@@ -130,9 +153,10 @@ def _scan_module(name: str, found: list[Found], errors: list[LoadError]) -> None
     module = _import(name, errors)
     if module is None:
         return
+    bundled = is_ours(module)
     for value in list(vars(module).values()):
         if isinstance(value, PatchSet):
-            found.append(Found(value, f"module {name}", name))
+            found.append(Found(value, f"module {name}", name, bundled))
 
 
 def _entry_points(group: str) -> Iterable[importlib.metadata.EntryPoint]:
@@ -156,11 +180,13 @@ def _load_entry_point(ep: importlib.metadata.EntryPoint, found: list[Found], err
         value = ep.load()
         patch_set = _as_patch_set(value, ep)
     except (Exception, SystemExit) as exc:  # third-party code may raise anything, or exit
-        reason = f"{source} failed to load: {_failure(exc)}"
+        path = shadowed_by() if ep.module.partition(".")[0] == PACKAGE else ""
+        shadowed = f"{PACKAGE!r} is {path!r}, not patchreg's patch sets (rename yours)" if path else ""
+        reason = f"{source} failed to load: {shadowed or _failure(exc)}"
         log.info("patchreg: %s", reason)
         errors.append(LoadError(source, ep.name, reason))
         return
-    found.append(Found(patch_set, source, ep.name))
+    found.append(Found(patch_set, source, ep.name, is_ours(sys.modules.get(ep.module))))
 
 
 def _as_patch_set(value: Any, ep: importlib.metadata.EntryPoint) -> PatchSet:

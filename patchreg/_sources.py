@@ -10,15 +10,22 @@ version written in the package's files with ``ast``, never ``exec``: a short tab
 literal in ``__init__.py``, ``_version.py``, ``version.py``). :func:`find` finds a definition
 (``"module:Class.method"``) in the source, following ``from`` imports and base classes, and answers
 "unknown" where only importing could tell. Everything is cached until :func:`forget` (``refresh()``).
+
+It also answers whether the top-level name ``patches`` is patchreg's own package (:func:`shadowing`): a user's own
+``patches`` (a folder, or a ``patches.py``) earlier on ``sys.path`` takes that name, and every place that imports our
+sets says so, naming the path and the remedy; ``import patches.megatron`` itself is explained by a finder put last on
+``sys.meta_path`` when patchreg is imported (it answers only an import every other finder failed).
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
 import textwrap
+import types
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Literal, NamedTuple
@@ -26,16 +33,23 @@ from typing import Literal, NamedTuple
 from packaging.utils import canonicalize_name
 
 __all__ = [
+    "PACKAGE",
     "READERS",
     "Found",
     "Reader",
     "find",
     "forget",
+    "found_module",
+    "is_ours",
     "locate",
+    "missing_package",
+    "ours",
     "parse",
     "read_version",
     "reader",
     "requirement_of",
+    "shadowed_by",
+    "shadowing",
 ]
 
 #: Finds a module's source file (``locate`` with the directories of the code being judged).
@@ -398,3 +412,128 @@ def _dotted(expr: ast.expr) -> list[str] | None:
         head = _dotted(expr.value)
         return None if head is None else [*head, expr.attr]
     return None
+
+
+# -- the top-level name "patches": ours, or a user's in its place -------------------------------------
+
+#: The top-level name of patchreg's patch sets.
+PACKAGE = "patches"
+#: Our subpackages: an import of one of them that no finder answers is explained by :func:`shadowing`.
+SUBPACKAGES = ("megatron", "vllm", "verl")
+
+
+def _state_of(module: str) -> str:
+    """``"regular"`` (a module or a regular package), ``"namespace"`` or ``""`` (not found): ``module`` as Python would
+    find it, without importing it (the search :func:`locate` makes; one imported already answers itself)."""
+    imported = sys.modules.get(module)
+    if imported is not None:
+        return "namespace" if getattr(imported, "__file__", None) is None and hasattr(imported, "__path__") else "regular"
+    parent, _, name = module.rpartition(".")
+    if not parent:
+        spec = _top_spec(module, None)
+        if spec is None:
+            return ""
+        return "namespace" if spec.origin in (None, "namespace") else "regular"
+    dirs = _portions(parent, None)
+    if _in_dirs(name, dirs) is not None:
+        return "regular"
+    return "namespace" if _package_dirs(name, dirs) else ""
+
+
+def _prefixes(name: str) -> Iterator[str]:
+    parts = name.split(".")
+    return (".".join(parts[:i]) for i in range(1, len(parts) + 1))
+
+
+def found_module(name: str) -> str:
+    """The longest prefix of the dotted ``name`` that is a module, found without importing anything; "" if none."""
+    found = ""
+    for prefix in _prefixes(name):
+        if not _state_of(prefix):
+            break
+        found = prefix
+    return found
+
+
+def missing_package(name: str) -> str:
+    """The package of the dotted module ``name`` that is not installed, found without importing: its first prefix
+    that cannot be found before one that is a regular package or module (``megatron.bridge`` under the namespace
+    ``megatron``; ``verl``); "" when that package is installed, whether or not ``name`` itself exists in it."""
+    for prefix in _prefixes(name):
+        state = _state_of(prefix)
+        if not state:
+            return prefix
+        if state == "regular":  # a regular package or module: its distribution is installed
+            return ""
+    return ""
+
+
+def ours() -> Path:
+    """Where the distribution put our ``patches``: beside the ``patchreg`` package."""
+    return Path(__file__).resolve().parent.parent / PACKAGE
+
+
+def _where() -> list[Path] | None:
+    """The paths the name ``patches`` resolves to now (a package's folders, or a module's file); None: not found."""
+    module = sys.modules.get(PACKAGE)
+    try:
+        spec = module.__spec__ if module is not None else importlib.util.find_spec(PACKAGE)
+    except (ImportError, ValueError):  # a module without a spec, or a finder that raises
+        spec = None
+    if module is not None and spec is None:
+        found = [*getattr(module, "__path__", ()), getattr(module, "__file__", None)]
+    elif spec is not None:
+        found = [*(spec.submodule_search_locations or ()), spec.origin]
+    else:
+        return None
+    return [Path(p) for p in found if isinstance(p, str) and p not in ("built-in", "namespace")]
+
+
+def is_ours(module: types.ModuleType | None) -> bool:
+    """Whether ``module`` was loaded from our ``patches`` folder (a patch set patchreg ships)."""
+    file = getattr(module, "__file__", None)
+    return isinstance(file, str) and ours() in Path(file).resolve().parents
+
+
+def shadowed_by() -> str:
+    """The path that holds the name ``patches`` instead of ours; "" when ours does (or the name is found nowhere)."""
+    where, mine = _where(), ours()
+    if where is None or not mine.is_dir() or any(p.resolve() in (mine, mine / "__init__.py") for p in where):
+        return ""
+    return str(next((p for p in where if p.name != "__init__.py"), where[0].parent if where else Path("?")))
+
+
+def shadowing() -> str:
+    """Empty when ``patches`` is ours (or found nowhere); else a sentence naming what holds the name and the remedy."""
+    path = shadowed_by()
+    if not path:
+        return ""
+    return (
+        f"the top-level name {PACKAGE!r} is {path!r}, not patchreg's patch sets ({ours()}): rename your own "
+        f"{PACKAGE!r} (folder or module), or run from a directory where it is not first on sys.path (the current "
+        "directory is, for `python -m` and scripts run there)"
+    )
+
+
+class _Shadowed(importlib.abc.MetaPathFinder):
+    """Last on ``sys.meta_path``: ``import patches.megatron`` that every other finder failed, explained."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        head, _, rest = fullname.partition(".")
+        if head != PACKAGE or rest.partition(".")[0] not in SUBPACKAGES:
+            return None
+        text = shadowing()
+        if not text:
+            return None
+        msg = f"No module named {fullname!r}: {text}."
+        raise ModuleNotFoundError(msg, name=fullname)
+
+
+def _install() -> None:
+    if not any(isinstance(finder, _Shadowed) for finder in sys.meta_path):
+        sys.meta_path.append(_Shadowed())
+
+
+_install()

@@ -19,7 +19,7 @@ import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from patchreg._checks import covered, not_ours, stored_another
+from patchreg._checks import conflict, covered, not_ours, stored_another
 from patchreg._ledger import GONE, Checkpoint, Layer, Pending, Plan, Ref, Report, Stack, Step, WeakOriginal, weak_or_id
 from patchreg._namespace import ABSENT, binding, checked_writes, holder_kind, put_back, reorder, same, write
 from patchreg._predicates import REFRESHES
@@ -525,15 +525,7 @@ def check_compatible(patch: Patch, stack: Stack, owner: Any) -> None:
     other = mine[-1] if mine else stack.layers[-1]
     if other.patch is patch:
         return
-    if other.patch.kind != "wrap":
-        what = f"also replaces {stack.where}"
-    else:
-        what = f"wraps {stack.where}, and a replace installed over it would discard that wrapper"
-    on = "" if mine else f" (in registry {other.owner.name!r})"
-    msg = (
-        f"Patch {patch.name!r} replaces {stack.where}, but patch {other.patch.name!r}{on} {what}; "
-        "revert one of them first, or make one a kind='wrap' patch (wraps stack)."
-    )
+    msg = conflict(patch, other.patch, stack.where, "" if mine else other.owner.name)
     raise PatchConflictError(msg, patch=patch, target=patch.target)
 
 

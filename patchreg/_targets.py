@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 import attrs
 
+from patchreg._sources import found_module
 from patchreg.exceptions import PatchDefinitionError, UnpatchableTargetError
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "by_values",
     "class_attr",
     "identity",
+    "import_path_meant",
     "parse_import_path",
     "parse_target",
 ]
@@ -544,6 +546,12 @@ NOT_INSTANCES = (type, types.ModuleType, type(None))
 def _check_instance(obj: Any, path: str) -> None:
     if obj is None:
         msg = f"Selector {path!r} needs an object to resolve against, got None; pass the model as obj=."
+        if meant := import_path_meant(path):
+            msg = (
+                f"Target {path!r} has no ':', so it is a selector, which needs an object to resolve against (got None);"
+                f" {meant.partition(':')[0]!r} is a module: to patch its attribute, write the import path {meant!r}."
+                " (For a selector, pass the object as obj=.)"
+            )
         raise UnpatchableTargetError(msg, target=path)
     if isinstance(obj, type):
         msg = (
@@ -552,8 +560,18 @@ def _check_instance(obj: Any, path: str) -> None:
         )
         raise UnpatchableTargetError(msg, target=path)
     if isinstance(obj, types.ModuleType):
-        msg = f"Selector {path!r} resolves against instances, got the module {obj.__name__!r}; use an import path."
+        msg = (
+            f"Selector {path!r} resolves against instances, got the module {obj.__name__!r}; use an import path "
+            f"such as '{obj.__name__}:{path}'."
+        )
         raise UnpatchableTargetError(msg, target=path)
+
+
+def import_path_meant(path: str) -> str:
+    """For a dotted selector whose head is a module (``"json.dumps"``): the import path it may mean (``"json:dumps"``,
+    the longest module prefix, :func:`found_module`); "" when none."""
+    found = found_module(path.rpartition(".")[0]) if _DOTTED.match(path) else ""
+    return f"{found}:{path[len(found) + 1 :]}" if found else ""
 
 
 def parse_target(target: object) -> ImportPath | Selector:

@@ -28,3 +28,22 @@ def test_docs_extra_lists_the_site_builders() -> None:
     extra = " ".join(_project()["project"]["optional-dependencies"]["docs"])  # type: ignore[index]
     for name in ("mkdocs>=", "mkdocs-material", "mkdocstrings[python]"):
         assert name in extra, name
+
+
+def test_the_declared_license_ships_as_a_file() -> None:
+    """LICENSE holds the Apache-2.0 text the metadata declares, and pyproject names it as the license file."""
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text and "END OF TERMS AND CONDITIONS" in text
+    assert _project()["project"]["license-files"] == ["LICENSE"]  # type: ignore[index]
+
+
+def test_classifiers_are_declared_without_a_license_classifier() -> None:
+    """The project has classifiers (Python versions, typed) and no License classifier (the SPDX expression is it)."""
+    classifiers = _project()["project"]["classifiers"]  # type: ignore[index]
+    assert "Typing :: Typed" in classifiers and "Programming Language :: Python :: 3.12" in classifiers
+    assert [c for c in classifiers if c.startswith("License ::")] == []
+
+
+def test_the_sdist_leaves_the_test_suite_out() -> None:
+    """MANIFEST.in prunes tests/: the suite reads examples/, docs/ and scripts/, which the sdist does not ship."""
+    assert "prune tests" in (ROOT / "MANIFEST.in").read_text().splitlines()

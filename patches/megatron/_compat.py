@@ -10,6 +10,7 @@ steps call these on every forward.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import sys
 import types
@@ -25,6 +26,7 @@ __all__ = [
     "RANDOM",
     "Adapter",
     "Binder",
+    "absent",
     "adapter",
     "binder",
     "call",
@@ -49,6 +51,24 @@ _ADAPTERS: dict[Any, Adapter] = {}
 _BINDERS: dict[Any, Binder] = {}
 _FUNCTION = types.FunctionType
 _T = TypeVar("_T")
+
+
+def absent(*modules: str) -> str:
+    """Why a probe cannot run here: ``"torch is not installed"`` for the first of ``modules`` (import names) that
+    cannot be found, else ``""``. Found without importing: a shipped predicate answers no for a missing optional
+    package, with this reason, instead of raising ``ModuleNotFoundError``."""
+    for name in modules:
+        try:
+            found = name in sys.modules or importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a parent package missing, or a module without a spec
+            found = False
+        if not found:
+            return f"{_DISTRIBUTIONS.get(name, name)} is not installed (no module named {name!r})"
+    return ""
+
+
+#: The distributions of the import names a probe needs, for its reason.
+_DISTRIBUTIONS = {"megatron.core": "megatron-core", "megatron.bridge": "megatron-bridge", "torch": "torch"}
 
 
 def mcore_version() -> str:

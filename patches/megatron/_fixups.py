@@ -27,7 +27,7 @@ import copy
 from typing import Any
 
 import patchreg
-from patches.megatron._compat import GPT, MTP, upstream
+from patches.megatron._compat import GPT, MTP, absent, upstream
 from patches.megatron._loss import rolls
 from patches.megatron._verified import ROLL_PACKED_BODY
 from patchreg import Patch, PatchSet, accepts, check, has, not_needed_when, requires
@@ -77,6 +77,9 @@ def roll_on_padded_boundaries(wrapped: Any, instance: Any, args: tuple[Any, ...]
 
 def padded_roll_is_right() -> tuple[bool, str]:
     """Whether upstream's ``roll_tensor`` rolls a padded pack on its padded boundaries (the probe's answer)."""
+    missing = absent("torch", "megatron.core")
+    if missing:
+        return False, missing
     import torch
 
     try:
@@ -125,6 +128,9 @@ PACKED_PADDED_ROLL = Patch(
 
 def _gpt_rolls_through_mtp() -> tuple[bool, str]:
     """0.17+: gpt_model imports no roll_tensor (its MTP loss is process_mtp_loss's, which packed_padded_roll covers)."""
+    missing = absent("megatron.core")
+    if missing:
+        return False, missing
     if has(f"{GPT}:roll_tensor").evaluate().ok:
         return False, "GPTModel._postprocess rolls the MTP labels with the roll_tensor gpt_model imported (0.16)"
     return True, "gpt_model imports no roll_tensor: its MTP loss rolls through the MTP module's (packed_padded_roll)"
@@ -173,8 +179,9 @@ def around_forward(packed: Any) -> Any:
 def fixup_lines() -> list[str]:
     """One line per fix-up for ``str(MTPReport)``: what the block does with it here, and why."""
     answer = PACKED_PADDED_ROLL.when.evaluate()
-    if answer.ok:
-        how = f"applied around each forward given a padded pack (cu_seqlens_q_padded); needed: {answer.reason}"
+    if answer.ok:  # the probe's own finding, once (the predicate's reason repeats each part's "needed: ...")
+        why = _PADDED_ROLL_IS_RIGHT.evaluate().reason
+        how = f"applied around each forward given a padded pack (cu_seqlens_q_padded), since upstream's {why}"
     else:
         how = f"not applied: {answer.reason}"
     return [f"fix-up {PACKED_PADDED_ROLL.name}: {how}"]

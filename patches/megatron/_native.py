@@ -26,7 +26,7 @@ from __future__ import annotations
 import types
 from typing import Any
 
-from patches.megatron._compat import GPT, MTP, binder, mcore_version, refusal, upstream
+from patches.megatron._compat import GPT, MTP, absent, binder, mcore_version, refusal, upstream
 from patches.megatron._hybrid import Call, call_in_block, run_in_block
 from patches.megatron._loss import RL_MODE, Deferred, last_losses, masked_means, mtp_cp_group, rolls, unmet_calls
 from patches.megatron._models import HYBRID
@@ -60,6 +60,9 @@ _MASK = ("loss_mask",)
 def _rl_mode_probe() -> tuple[bool, str]:
     """Whether upstream's ``process_mtp_loss`` derives the MTP labels from ``input_ids`` with ``labels=None`` and
     detaches the output head under ``mtp_detach_heads`` (a one-depth call on four tokens, no model needed)."""
+    missing = absent("torch", "megatron.core")
+    if missing:
+        return False, missing
     import torch
 
     if not RL_MODE.evaluate().ok:
@@ -118,6 +121,8 @@ def _route() -> Answer:
     """The probe's answer, once the upstream functions the route it picks calls have a form the patches can call;
     else the block is refused here, at its entry, naming them (never with a failure in the middle of a forward)."""
     answer = NATIVE.evaluate()
+    if absent("torch", "megatron.core"):  # nothing to call: the probe's no says why
+        return answer
     unmet = unmet_calls(todays=not answer.ok)
     if unmet:
         raise refusal(unmet, "upstream's RL mode (the native route)" if answer.ok else "today's patches")
@@ -136,6 +141,9 @@ natively_covered = check(_covered, UPSTREAM)
 
 
 def _todays_patches() -> tuple[bool, str]:
+    missing = absent("torch", "megatron.core")
+    if missing:  # no release to judge: TODAYS answers no (through _importable), not "not needed"
+        return False, missing
     answer = _route()
     return not answer.ok, (
         f"{UPSTREAM}: {answer.reason}" if answer.ok else f"patched: today's patches carry it ({answer.reason})"
@@ -144,7 +152,14 @@ def _todays_patches() -> tuple[bool, str]:
 
 #: the native route's patches are ``not_needed_when(TODAYS)``: a release without the RL mode needs none of them
 #: (``doctor`` counts them as fine there, as today's replacements on 0.19.2)
-TODAYS = not_needed_when(check(_todays_patches, "upstream has no RL mode with mtp_detach_heads here"))
+def _importable() -> tuple[bool, str]:
+    missing = absent("torch", "megatron.core")  # found without importing; a source checkout has no metadata
+    return (False, missing) if missing else (True, "torch and megatron.core can be imported")
+
+
+TODAYS = check(_importable, "torch and megatron.core can be imported") & not_needed_when(
+    check(_todays_patches, "upstream has no RL mode with mtp_detach_heads here")
+)
 _NATIVE: list[bool] = []
 
 
@@ -287,23 +302,22 @@ NATIVE_ROUTE = frozenset(p.name for p in (HEADS_DETACHED, HEADS_ATTACHED, RL_MOD
 
 
 def route_lines(entries: Any, skipped: Any) -> list[str]:
-    """Which way each patch of a block's set went here, and why (for ``str(MTPReport)``): one line naming those
-    ``upstream does this natively here`` (the native route's own and today's replacements it covers; the reasons are
-    the engine's skip lines), one ``<name>: patched: <reason>`` line per patch that replaces an upstream body."""
+    """Which way each patch of a block's set went here, and why (for ``str(MTPReport)``): one line naming what
+    ``upstream does this natively here`` (today's replacements skipped as natively covered; the reasons are the
+    engine's skip lines) and the native route's installs that hand the block to upstream's RL mode, then one
+    ``<name>: patched: <reason>`` line per patch that replaces an upstream body."""
     answer = NATIVE.evaluate()
-    native_names, lines = [], []
+    routed, lines = [], []
     for name in dict.fromkeys(entry.patch for entry in entries):
         if name in NATIVE_ROUTE:
-            native_names.append(name)
+            routed.append(name)
         else:
             lines.append(f"{name}: patched: {_WHY.get(name, answer.reason)}")
-    taken = set(native_names) | {line.split(":")[0] for line in lines}
-    for name, reason in skipped:
-        covered = reason.startswith("not needed here: ") and "upstream" in reason  # natively, or fixed upstream
-        if name not in taken and name not in NATIVE_ROUTE and covered:
-            native_names.append(name)
-    head = [f"{UPSTREAM}: {', '.join(native_names)}"] if native_names else []
-    return head + lines
+    natively = [name for name, reason in dict(skipped).items() if name not in NATIVE_ROUTE and UPSTREAM in reason]
+    if not natively and not routed:
+        return lines
+    via = f" ({', '.join(routed)}: installed, they hand the block to upstream's RL mode)" if routed else ""
+    return [f"{UPSTREAM}: {', '.join(natively) or 'the MTP loss'}{via}", *lines]
 
 
 _WHY: dict[str, str] = {"checkpointed_forward": "upstream's MTP recompute is broken on this release"}

@@ -48,6 +48,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import patchreg
+from patches.megatron._compat import absent
 from patchreg import Patch, PatchError, PatchSet, check, not_needed_when, requires
 
 __all__ = ["BRIDGE_IMPORT_SET", "BRIDGE_SET", "VERIFIED_ON", "bridge_patched"]
@@ -79,6 +80,9 @@ def _te_importable() -> tuple[bool, str]:
 
 def _cuda_available() -> tuple[bool, str]:
     """Whether torch sees a CUDA device (then the fusions stay as the bridge sets them)."""
+    missing = absent("torch")
+    if missing:
+        return False, missing
     import torch
 
     if torch.cuda.is_available():

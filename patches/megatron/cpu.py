@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import patchreg
-from patches.megatron._compat import MTP, RANDOM, module, parameters, upstream
+from patches.megatron._compat import MTP, RANDOM, absent, module, parameters, upstream
 from patchreg import Patch, PatchSet, Verified, accepts, check, has, not_needed_when, requires
 
 __all__ = ["CPU_SET", "cpu_patched"]
@@ -173,6 +173,9 @@ class _NoTELinear:
 
 def _te_linear_is_type() -> tuple[bool, str]:
     """Whether MLA's ``TELinear`` is a class (TE installed, or ``None`` guarded by ``HAVE_TE``): no shim then."""
+    missing = absent("megatron.core")
+    if missing:
+        return False, missing
     found = vars(module(_MLA_MODULE)).get("TELinear")
     if found is None or isinstance(found, type):
         return True, f"multi_latent_attention.TELinear is {'None' if found is None else 'a class'}"
@@ -241,6 +244,9 @@ def _rope_forward(self: Any, max_seq_len: int, offset: int = 0, packed_seq: bool
 
 def _no_get_emb() -> tuple[bool, str]:
     """Whether ``RotaryEmbedding`` lacks ``get_emb`` (0.13-0.15: ``forward`` moves to CUDA inline, rope_forward_on_cpu)."""
+    missing = absent("megatron.core")
+    if missing:
+        return False, missing
     if has(f"{_ROTARY}.get_emb").evaluate().ok:
         return False, "RotaryEmbedding.get_emb moves inv_freq to CUDA (0.16+)"
     return True, "RotaryEmbedding has no get_emb before 0.16; forward moves inv_freq itself (rope_forward_on_cpu)"
@@ -417,6 +423,9 @@ def _stack_with_te_norm() -> str | None:
 
 def _hybrid_norm_not_needed() -> tuple[bool, str]:
     """HybridStack's final norm needs the shim where HybridStack exists; before 0.18 MambaStack builds it."""
+    missing = absent("megatron.core")
+    if missing:
+        return False, missing
     where = _stack_with_te_norm()
     if where == _HYBRID_BLOCK:
         return False, "HybridStack hard-codes TENorm as its final norm"
@@ -427,6 +436,9 @@ def _hybrid_norm_not_needed() -> tuple[bool, str]:
 
 def _mamba_norm_not_needed() -> tuple[bool, str]:
     """MambaStack's final norm needs the shim before 0.18; from 0.18 HybridStack builds it (MambaModel is a HybridModel)."""
+    missing = absent("megatron.core")
+    if missing:
+        return False, missing
     where = _stack_with_te_norm()
     if where == _MAMBA_BLOCK:
         return False, "MambaStack hard-codes TENorm as its final norm"

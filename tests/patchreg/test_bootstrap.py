@@ -152,3 +152,15 @@ def test_the_vllm_plugin_entry_point_is_bootstrap() -> None:
     eps = [ep for ep in importlib.metadata.entry_points(group="vllm.general_plugins") if ep.name == "patchreg"]
     assert eps, "reinstall the checkout (make env): its entry points are missing"
     assert {ep.load() for ep in eps} == {patchreg.bootstrap}
+
+
+def test_a_dotted_selector_named_from_the_environment_is_told_its_import_path() -> None:
+    """A set whose patch targets 'json.dumps' (a selector) is refused with the import path 'json:dumps' it may mean."""
+    from patchreg import Patch, PatchDefinitionError, PatchSet
+    from patchreg._bootstrap import _find
+    from patchreg._discovery import Discovery, Found
+
+    dotted = PatchSet("boot-dotted", [Patch("dumps", "json.dumps", lambda *a, **k: "{}")])
+    found = Discovery((Found(dotted, "module boot_dotted", "boot_dotted"),), ())
+    with pytest.raises(PatchDefinitionError, match="write the import path 'json:dumps'"):
+        _find(["boot-dotted"], found)

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from patchreg import Patch, PatchOwnershipError, Registry
+from patchreg import Patch, PatchConflictError, PatchOwnershipError, Registry
 from tests.patchreg import sample
 from tests.patchreg.helpers import plain
 
@@ -39,4 +39,28 @@ def test_revert_after_a_foreign_overwrite_says_someone_patched_over_it(patch_reg
         patch_registry.revert(patch)
     sample.module_func = installed
     assert patch_registry.revert(patch) == 1
+    pristine()
+
+
+def test_two_values_on_one_attribute_are_not_told_to_wrap(patch_registry: Registry, pristine: Any) -> None:
+    """Two kind='value' patches on one attribute conflict with a remedy for values (keep one), not kind='wrap'."""
+    first = Patch("flag-a", f"{M}:module_func", 1, kind="value")
+    patch_registry.apply(first)
+    with pytest.raises(PatchConflictError) as info:
+        patch_registry.apply(Patch("flag-b", f"{M}:module_func", 2, kind="value"))
+    text = str(info.value)
+    assert "kind='wrap' patch (wraps stack)" not in text
+    assert "'flag-b'" in text and "'flag-a'" in text and "a value patch does not stack" in text
+    assert "keep one of the two" in text
+    patch_registry.revert(first)
+    pristine()
+
+
+def test_two_function_replaces_are_still_told_a_wrap_stacks(patch_registry: Registry, pristine: Any) -> None:
+    """Two kind='replace' patches of one function conflict, and the remedy names kind='wrap'."""
+    first = Patch("f-a", f"{M}:module_func", plain("a"))
+    patch_registry.apply(first)
+    with pytest.raises(PatchConflictError, match=r"make one a kind='wrap' patch \(wraps stack\)"):
+        patch_registry.apply(Patch("f-b", f"{M}:module_func", plain("b")))
+    patch_registry.revert(first)
     pristine()

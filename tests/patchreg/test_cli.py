@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
+from patchreg import Patch, PatchSet, has, requires
 from patchreg.__main__ import main
-from patchreg._cli import run
-from patchreg._discovery import Discovery, discover
+from patchreg._cli import Finder, run
+from patchreg._discovery import Discovery, Found, discover
 
 SAMPLE = "tests.patchreg.cli_sample"
 DUPES = "tests.patchreg.cli_sample_dupes"
@@ -419,3 +420,91 @@ def test_doctor_fits_100_columns_on_this_environment() -> None:
     run(["doctor", "--json"], out=whole)
     longest = max(len(row["reason"] or "") for row in json.loads(whole.getvalue()))
     assert longest > 60  # this environment has reasons longer than the table's column: they were cut, not lost
+
+
+# -- doctor: what it covers by default -----------------------------------------------------------------------------
+
+ELSEWHERE = PatchSet(
+    "ours-elsewhere", [Patch("gone", "no_such_pkg_xyz.mod:f", len), Patch("gone2", "no_such_pkg_xyz:g", len)]
+)
+BY_REQUIRES = PatchSet("ours-by-requires", [Patch("needs", "os:sep", "/", kind="value", when=requires("no-such-dist"))])
+HERE = PatchSet("ours-here", [Patch("fine", "tests.patchreg.sample:module_func", len)])
+USERS = PatchSet("users-missing", [Patch("theirs", "no_such_pkg_xyz:h", len)])
+
+
+def _coverage(*sets: tuple[PatchSet, bool]) -> Finder:
+    """A finder of ``sets``, each marked bundled (patchreg's own) or not (the user's)."""
+    found = tuple(Found(s, "module m", "m", bundled) for s, bundled in sets)
+    return lambda extra: Discovery(found, ())
+
+
+def _doctor(finder: Finder, *argv: str) -> tuple[int, str]:
+    out = io.StringIO()
+    return run(["doctor", *argv], finder=finder, out=out), out.getvalue()
+
+
+def test_doctor_by_default_gives_bundled_sets_for_missing_packages_one_line() -> None:
+    """Bundled sets whose packages are not installed are not checked (one line names them and what they need),
+    so doctor exits 0 when everything installed here is fine; --all checks them too and exits 1."""
+    finder = _coverage((ELSEWHERE, True), (BY_REQUIRES, True), (HERE, True))
+    status, out = _doctor(finder)
+    assert status == 0, out
+    assert "ours-here" in out and "gone" not in out.split("not checked")[0]
+    text = " ".join(out.split())
+    assert "not checked: 2 bundled set(s), 3 patch(es), for packages not installed here:" in text
+    assert "ours-elsewhere (needs no_such_pkg_xyz)" in text and "ours-by-requires (needs no-such-dist)" in text
+    assert "`patchreg doctor --all` checks them too" in text
+    assert out.rstrip().endswith("1 of 1 patch(es) would install.")
+    assert all(len(line) <= 100 for line in out.splitlines())
+    status, out = _doctor(finder, "--all")
+    assert status == 1 and "not checked" not in out and "gone2" in out
+    assert [o["set"] for o in json.loads(_doctor(finder, "--json")[1])] == ["ours-here"]
+
+
+def test_doctor_checks_a_users_set_and_a_named_set_whatever_is_installed() -> None:
+    """A set of the user's (not bundled) and a set named on the command line are always checked."""
+    status, out = _doctor(_coverage((USERS, False), (ELSEWHERE, True)))
+    assert status == 1 and "theirs" in out and "ours-elsewhere (needs no_such_pkg_xyz)" in " ".join(out.split())
+    status, out = _doctor(_coverage((USERS, False), (ELSEWHERE, True)), "ours-elsewhere")
+    assert status == 1 and "gone2" in out and "not checked" not in out
+
+
+def test_a_module_a_release_lacks_inside_an_installed_package_is_checked_not_skipped() -> None:
+    """A bundled set naming a module its installed package lacks (HybridModel's on megatron-core 0.17) is checked:
+    its predicates judge the release; only a package that is not installed sends a set to the one line."""
+    partly = PatchSet("ours-partly", [Patch("absent-here", "tests.patchreg.no_such_module_xyz:f", len)])
+    status, out = _doctor(_coverage((partly, True)))
+    assert status == 1 and "absent-here" in out and "not checked" not in out
+
+
+def test_doctor_with_nothing_to_check_says_so_and_exits_zero() -> None:
+    """Where none of the bundled sets' packages is installed and the user has none, doctor is green in a few lines."""
+    status, out = _doctor(_coverage((ELSEWHERE, True)))
+    assert status == 0 and "no patch set to check here." in out and len(out.splitlines()) < 10
+
+
+def test_list_and_show_fit_100_columns() -> None:
+    """A long source, description, predicate and docstring wrap: no line of list or show passes 100 columns."""
+    long_doc = "A description " * 20
+    patch = Patch(
+        "long",
+        "tests.patchreg.sample:module_func",
+        len,
+        when=requires("attrs>=20") & has("tests.patchreg.sample:module_func") & has("tests.patchreg.sample:Child"),
+        doc="A docstring line " * 12,
+    )
+    found = (Found(PatchSet("a-set-with-a-rather-long-name", [patch], doc=long_doc), "entry point " + "x" * 90, "m"),)
+    for argv in (["list"], ["show", "a-set-with-a-rather-long-name.long"]):
+        out = io.StringIO()
+        assert run(argv, finder=lambda extra: Discovery(found, ()), out=out) == 0
+        assert max(len(line) for line in out.getvalue().splitlines()) <= 100, out.getvalue()
+
+
+def test_doctor_header_fits_100_columns_where_nothing_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With every stack distribution missing, the header line (their versions) still fits 100 columns."""
+    import patchreg._cli
+
+    monkeypatch.setattr(patchreg._cli, "_version", lambda name: "not installed")
+    status, out = _doctor(_coverage((HERE, False)))
+    assert status == 0 and max(len(line) for line in out.splitlines()) <= 100, out
+    assert "torch not installed" in " ".join(out.split())

@@ -195,3 +195,55 @@ def test_doctor_fails_for_an_essential_patch(
     out = io.StringIO()
     assert run(["doctor", "--json"], finder=lambda _extra: found, out=out) == 1
     assert "cannot run without it" in out.getvalue()
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "PATCHREG_DISABLE" in r.getMessage()]
+
+
+def test_a_typo_is_warned_at_the_sets_first_apply_once(
+    patch_registry: Registry, disable: Callable[[str], None], caplog: pytest.LogCaptureFixture
+) -> None:
+    """'set.typo' and 'near-set.patch' are warned about at the set's first apply, once, each with the name meant."""
+    disable("dis-global.fnuc,dis-glbal.func,other-set.x,bare-name")
+    with caplog.at_level("WARNING", logger="patchreg"):
+        patch_registry.revert(patch_registry.apply(GLOBAL_SET))
+        patch_registry.revert(patch_registry.apply(GLOBAL_SET))
+    (line,) = _warnings(caplog)
+    assert "'dis-global.fnuc' (did you mean 'dis-global.func'?)" in line
+    assert "'dis-glbal.func' (did you mean 'dis-global.func'?)" in line
+    assert "no patch of set 'dis-global' (applied here)" in line
+    assert "other-set.x" not in line and "bare-name" not in line  # another set's names: checked where all are known
+
+
+def test_the_check_loads_no_other_set_and_refresh_rearms_it(
+    patch_registry: Registry,
+    disable: Callable[[str], None],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first-apply check runs without discovery (no patch set is loaded), and again after refresh()."""
+    import patchreg._discovery
+
+    def no_discovery(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the PATCHREG_DISABLE check loaded the patch sets")
+
+    monkeypatch.setattr(patchreg._discovery, "discover", no_discovery)
+    disable("dis-obj.metod")
+    obj = sample.Child()
+    with caplog.at_level("WARNING", logger="patchreg"):
+        patch_registry.revert(patch_registry.apply(OBJ_SET, obj))
+        patchreg.refresh()
+        patch_registry.revert(patch_registry.apply(OBJ_SET, obj))
+    assert len(_warnings(caplog)) == 2
+    assert "did you mean 'dis-obj.method'?" in _warnings(caplog)[0]
+
+
+def test_valid_names_are_not_warned_about(
+    patch_registry: Registry, disable: Callable[[str], None], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A set name, 'set.patch', a bare patch name and another set's near name with that set's patch: no warning."""
+    disable("dis-global,dis-global.func,func,dis-global-x.other")
+    with caplog.at_level("WARNING", logger="patchreg"):
+        patch_registry.apply(GLOBAL_SET)
+    assert _warnings(caplog) == []

@@ -165,9 +165,22 @@ def test_cli_lists_an_installed_distributions_sets(dummy_dist: Path) -> None:
         [sys.executable, "-m", "patchreg", "list"], capture_output=True, text=True, env=env, cwd=ROOT, check=False
     )
     assert result.returncode == 0, result.stderr
-    rows = {line.split()[0]: line for line in result.stdout.splitlines() if line.startswith("dummy-")}
-    assert rows["dummy-loud"].split() == [
-        *("dummy-loud", "1", "entry", "point", "loud", "=", "dummy_patches:PATCHES"),
-        *("from", "dummy-patches", "1.0", "A", "dummy", "set."),
-    ]
-    assert "entry point missing = dummy_patches:no_such_name from dummy-patches 1.0 failed to load" in result.stdout
+    lines = result.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("dummy-loud "))
+    end = next(i for i in range(start + 1, len(lines)) if not lines[i].startswith(" "))
+    row = " ".join(lines[start:end]).split()  # the row and its continuation lines (cells wrap to fit 100 columns)
+    assert row[:2] == ["dummy-loud", "1"]
+    assert {"entry", "point", "loud", "=", "dummy_patches:PATCHES", "from", "dummy-patches", "1.0"} <= set(row)
+    assert {"A", "dummy", "set."} <= set(row)
+    text = " ".join(result.stdout.split())
+    assert "entry point missing = dummy_patches:no_such_name from dummy-patches 1.0 failed to load" in text
+
+
+def test_our_sets_are_bundled_and_a_users_are_not(dummy_dist: Path) -> None:
+    """Sets from patchreg's own patches folder (modules and patchreg's entry points) are bundled; others are not."""
+    found = discover(("patches.megatron.cpu", "tests.patchreg.cli_sample"), ())
+    bundled = {f.name: f.bundled for f in found.sets}
+    assert bundled["megatron-cpu"] is True
+    assert bundled["sample-ready"] is False and bundled["dummy-loud"] is False  # -m module, another distribution
+    ours = [f for f in found.sets if f.source.endswith(f"from patchreg {__import__('patchreg').__version__}")]
+    assert ours and all(f.bundled for f in ours)  # verl-mtp, megatron-bridge: patchreg's own entry points

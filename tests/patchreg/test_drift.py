@@ -134,7 +134,8 @@ def _finder(module: str) -> object:
 
 
 def test_doctor_says_verified_or_review(upstream: tuple[Path, ModuleType], tmp_path: Path) -> None:
-    """doctor lists each declared body: "ok ... verified against this body", then "WARNING ... review" (exit 0)."""
+    """doctor lists each declared body: "ok ... verified against this body" (exit 0), then "WARNING ... review" and
+    exits 1: drift is something wrong."""
     path, module = upstream
     (tmp_path / "drift_sets.py").write_text(
         textwrap.dedent(f"""
@@ -156,8 +157,9 @@ def test_doctor_says_verified_or_review(upstream: tuple[Path, ModuleType], tmp_p
     assert status == 0 and "ok drift-sample.area_twice: verified against this body" in text
     _rewrite(path, CHANGED)
     status, text = doctor()
-    assert status == 0
+    assert status == 1
     assert "WARNING drift-sample.area_twice: upstream body changed since verification: review" in text
+    assert text.rstrip().endswith("1 of 1 patch(es) would install; 1 upstream body(ies) drifted.")
     sys.modules.pop("drift_sets", None)
 
 
@@ -185,3 +187,33 @@ def test_body_command_prints_the_fingerprint_to_declare(upstream: tuple[Path, Mo
     assert run(["body", "drift_upstream:area"], finder=_finder("drift_upstream"), out=out) == 0  # type: ignore[arg-type]
     assert out.getvalue() == f"{body_fingerprint(upstream[1].area)}  drift_upstream:area\n"
     assert run(["body", "drift_upstream:nothing"], finder=_finder("drift_upstream"), out=io.StringIO()) == 2  # type: ignore[arg-type]
+
+
+def test_doctor_reads_the_displaced_body_while_the_patch_is_installed(
+    upstream: tuple[Path, ModuleType], tmp_path: Path
+) -> None:
+    """Inside a block of the very set doctor checks, the verified body is the one the patch displaced: no false
+    drift, exit 0 (drift is exit 1)."""
+    _path, module = upstream
+    (tmp_path / "drift_active.py").write_text(
+        textwrap.dedent(f"""
+        from patchreg import Patch, PatchSet, Verified
+        SET = PatchSet("drift-active", (
+            Patch("area", "drift_upstream:area", lambda w, h: 0,
+                  verified=Verified("pytest", "drift_upstream:area", {{">=1": "{body_fingerprint(module.area)}"}})),
+        ))
+        """)
+    )
+    sys.modules.pop("drift_active", None)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import drift_active
+
+        with patchreg.registry.patched(drift_active.SET):
+            out = io.StringIO()
+            status = run(["doctor", "drift-active"], finder=_finder("drift_active"), out=out)  # type: ignore[arg-type]
+        assert status == 0, out.getvalue()
+        assert "ok drift-active.area: verified against this body" in out.getvalue()
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("drift_active", None)
