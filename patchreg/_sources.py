@@ -427,7 +427,9 @@ def _state_of(module: str) -> str:
     find it, without importing it (the search :func:`locate` makes; one imported already answers itself)."""
     imported = sys.modules.get(module)
     if imported is not None:
-        return "namespace" if getattr(imported, "__file__", None) is None and hasattr(imported, "__path__") else "regular"
+        return (
+            "namespace" if getattr(imported, "__file__", None) is None and hasattr(imported, "__path__") else "regular"
+        )
     parent, _, name = module.rpartition(".")
     if not parent:
         spec = _top_spec(module, None)
