@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from patchreg._bootstrap import bootstrap, ray_runtime_env
 from patchreg._disable import essential
+from patchreg._discovery import VERSION as __version__
 from patchreg._drift import Drift, Verified, body_fingerprint, drift
 from patchreg._ledger import Report
 from patchreg._predicates import (
@@ -32,8 +33,6 @@ from patchreg.exceptions import (
     TargetNotFoundError,
     UnpatchableTargetError,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "ABSENT",

@@ -34,8 +34,7 @@ from typing import Any, Literal, TextIO
 import attrs
 from packaging.requirements import InvalidRequirement, Requirement
 
-from patchreg import __version__
-from patchreg._discovery import Found, LoadError
+from patchreg._discovery import VERSION, Found, LoadError
 from patchreg._drift import Verified, body_fingerprint_node, compare
 from patchreg._format import WIDTH, table, wrap
 from patchreg._predicates import distributions
@@ -314,7 +313,7 @@ def _write(
     out: TextIO,
 ) -> None:
     found = "; ".join(versions.values()) or "no version read"
-    head = [f"patchreg {__version__} doctor --against {spec}", f"candidate: {found}; nothing of it is imported"]
+    head = [f"patchreg {VERSION} doctor --against {spec}", f"candidate: {found}; nothing of it is imported"]
     out.writelines(f"{line}\n" for text in head for line in wrap(text, WIDTH))
     out.write("\n")
     cells = [(r.set, r.patch, r.verdict, r.reason) for r in rows]

@@ -14,28 +14,15 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from patchreg._disable import ENV_DISABLE, is_disabled, is_essential, names, near, unmatched_text
-from patchreg._discovery import Discovery, discover
+from patchreg._disable import ENV_DISABLE, names, near, unmatched_text
+from patchreg._discovery import ENV_PATCHSETS, Discovery, discover, named, named_sets, unknown_disabled
 from patchreg._ledger import Report
-from patchreg._records import PatchSet
 from patchreg._registry import registry
-from patchreg._targets import import_path_meant
-from patchreg.exceptions import PatchDefinitionError, PatchError
 
-__all__ = [
-    "ENV_PATCHSETS",
-    "RAY_SETUP_HOOK",
-    "bootstrap",
-    "env_problems",
-    "named_sets",
-    "ray_runtime_env",
-    "unknown_disabled",
-]
+__all__ = ["RAY_SETUP_HOOK", "bootstrap", "ray_runtime_env"]
 
 log = logging.getLogger("patchreg")
 
-#: The environment variable naming the patch sets :func:`bootstrap` applies (comma-separated).
-ENV_PATCHSETS = "PATCHREG_PATCHSETS"
 
 _LOCK = threading.RLock()  # one bootstrap at a time: two threads must not both apply a set
 _held: dict[str, Report] = {}  # the sets bootstrap applied in this process, held for its life
@@ -43,13 +30,6 @@ _warned: list[bool] = [False]  # the unknown PATCHREG_DISABLE names are logged o
 
 #: Ray's ``worker_process_setup_hook`` that bootstraps each worker process before its actor's ``__init__``.
 RAY_SETUP_HOOK = "patchreg.bootstrap"
-
-
-def named_sets(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
-    """The set names in ``PATCHREG_PATCHSETS`` (of ``environ``, default ``os.environ``), in order, once each."""
-    env = os.environ if environ is None else environ
-    names = (n.strip() for n in env.get(ENV_PATCHSETS, "").split(","))
-    return tuple(dict.fromkeys(n for n in names if n))
 
 
 def bootstrap() -> tuple[Report, ...]:
@@ -69,7 +49,7 @@ def bootstrap() -> tuple[Report, ...]:
         if todo:
             found = discover()
             _warn_unknown_disabled(found)
-            sets = _find(todo, found)
+            sets = named(todo, found)
             reports: list[tuple[str, Report]] = []
             try:
                 for name in todo:
@@ -82,34 +62,6 @@ def bootstrap() -> tuple[Report, ...]:
                 log.info("patchreg: bootstrap applied %s from %s: %d installed", name, ENV_PATCHSETS, report.installed)
                 _held[name] = report
         return tuple(_held[n] for n in names)
-
-
-def _find(names: list[str], found: Discovery) -> dict[str, PatchSet]:
-    """The named sets, or a PatchError naming the unknown ones (and what failed to load) and the known ones."""
-    by_name = {f.name: f.patch_set for f in found.sets}
-    unknown = [n for n in names if n not in by_name]
-    if unknown:
-        known = ", ".join(sorted(by_name)) or "none"
-        failed = "".join(f"; not loaded: {e.reason}" for e in found.errors)
-        msg = (
-            f"{ENV_PATCHSETS} names unknown patch set(s) {', '.join(map(repr, unknown))}; known sets: {known}"
-            f"{failed}. Fix the variable (comma-separated names, as `python -m patchreg list` prints them)."
-        )
-        raise PatchError(msg)
-    for name in names:
-        bound = [p for p in by_name[name] if not p.is_global]
-        if bound:
-            msg = (
-                f"{ENV_PATCHSETS} names patch set {name!r}, but its patch {bound[0].name!r} targets an object given "
-                f"at apply time ({str(bound[0].where)!r}); such a set cannot be applied from the environment. "
-                f"Remove {name!r} from {ENV_PATCHSETS} and apply it in code with the object (its block, or "
-                "registry.apply(set, obj))."
-            )
-            meant = import_path_meant(str(bound[0].where))
-            if meant:  # "json.dumps": a dotted selector, where the module attribute was meant
-                msg += f" If {str(bound[0].where)!r} means a module attribute, write the import path {meant!r}."
-            raise PatchDefinitionError(msg)
-    return {n: by_name[n] for n in names}
 
 
 def ray_runtime_env(
@@ -130,14 +82,6 @@ def ray_runtime_env(
     return {"env_vars": {k: v for k, v in env_vars.items() if v}, "worker_process_setup_hook": RAY_SETUP_HOOK}
 
 
-def unknown_disabled(found: Discovery) -> tuple[list[str], list[str]]:
-    """``(unknown, known)``: the ``PATCHREG_DISABLE`` names no found set or patch answers to, and the known names
-    (sets, and patches as ``set.patch``)."""
-    shown = {f.name for f in found.sets} | {f"{f.name}.{p.name}" for f in found.sets for p in f.patch_set}
-    bare = {p.name for f in found.sets for p in f.patch_set}  # a bare patch name matches too; not listed
-    return sorted(n for n in names() if n not in shown and n not in bare), sorted(shown)
-
-
 def _warn_unknown_disabled(found: Discovery) -> None:
     """Log once per process the ``PATCHREG_DISABLE`` names that match nothing, each with the name it may mean."""
     if _warned[0] or not names():
@@ -146,29 +90,3 @@ def _warn_unknown_disabled(found: Discovery) -> None:
     unknown, known = unknown_disabled(found)
     if unknown:
         log.warning("patchreg: %s", unmatched_text(near(unknown, known)))
-
-
-def env_problems(found: Discovery) -> list[str]:
-    """Why :func:`bootstrap` would not install each named set fully here (empty: it would); changes nothing.
-
-    A name no set has, a set whose patches need an object, and a set whose essential patch
-    ``PATCHREG_DISABLE`` names each make one line; what the patches' predicates say is ``doctor``'s table.
-    """
-    problems = []
-    by_name = {f.name: f.patch_set for f in found.sets}
-    for name in named_sets():
-        if name not in by_name:
-            problems.append(
-                f"{ENV_PATCHSETS} names unknown patch set {name!r}; known sets: {', '.join(sorted(by_name))}"
-            )
-            continue
-        try:
-            _find([name], found)
-        except PatchError as exc:
-            problems.append(str(exc))
-        problems.extend(
-            f"{name}.{p.name} is essential to {name!r} and disabled by {ENV_DISABLE}: bootstrap() would refuse"
-            for p in by_name[name]
-            if is_essential(p) and is_disabled(name, p)
-        )
-    return problems

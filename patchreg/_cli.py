@@ -29,11 +29,20 @@ from typing import Any, TextIO
 
 import attrs
 
-from patchreg import __version__
 from patchreg._audit import CandidateError, audit, named_paths
-from patchreg._bootstrap import ENV_PATCHSETS, env_problems, named_sets, unknown_disabled
 from patchreg._disable import ENV_DISABLE, REASON, is_disabled, is_essential, near, unmatched_text
-from patchreg._discovery import KNOWN_MODULES, Discovery, Found, LoadError, discover
+from patchreg._discovery import (
+    ENV_PATCHSETS,
+    KNOWN_MODULES,
+    VERSION,
+    Discovery,
+    Found,
+    LoadError,
+    discover,
+    env_problems,
+    named_sets,
+    unknown_disabled,
+)
 from patchreg._drift import body_fingerprint, drift, resolve
 from patchreg._format import WIDTH, table, wrap
 from patchreg._predicates import distributions
@@ -118,7 +127,7 @@ def _parser() -> argparse.ArgumentParser:
         "an upstream body drifted, a set that failed to load), 2 usage error, 3 doctor --against found only "
         "unknowns.",
     )
-    parser.add_argument("--version", action="version", version=f"patchreg {__version__}")
+    parser.add_argument("--version", action="version", version=f"patchreg {VERSION}")
     parser.add_argument(
         "-m", "--module", action="append", default=[], metavar="MODULE", help="also scan MODULE for PatchSet objects"
     )
@@ -378,7 +387,7 @@ def _write_doctor(
     elsewhere: Sequence[tuple[Found, list[str]]] = (),
 ) -> None:
     stack = ", ".join(f"{name} {_version(name)}" for name in STACK)
-    header = f"patchreg {__version__} doctor: python {platform.python_version()}, {stack}"
+    header = f"patchreg {VERSION} doctor: python {platform.python_version()}, {stack}"
     out.write("\n".join(wrap(header, WIDTH)) + "\n\n")
     cells = [(r.set, r.patch, _install_cell(r), _found(r.versions), r.reason) for r in rows]
     text = table(("set", "patch", "install", "found", "reason"), cells, width=WIDTH, truncate=True, floors=_FLOORS)

@@ -23,18 +23,39 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import logging
+import os
 import pkgutil
 import sys
 import types
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
+from patchreg._disable import ENV_DISABLE, is_disabled, is_essential, names
 from patchreg._records import PatchSet
 from patchreg._sources import PACKAGE, is_ours, shadowed_by, shadowing
+from patchreg._targets import import_path_meant
+from patchreg.exceptions import PatchDefinitionError, PatchError
 
-__all__ = ["ENTRY_POINT_GROUP", "KNOWN_MODULES", "KNOWN_PACKAGES", "Discovery", "Found", "LoadError", "discover"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "ENV_PATCHSETS",
+    "KNOWN_MODULES",
+    "KNOWN_PACKAGES",
+    "VERSION",
+    "Discovery",
+    "Found",
+    "LoadError",
+    "discover",
+    "env_problems",
+    "named",
+    "named_sets",
+    "unknown_disabled",
+]
+
+#: patchreg's own version (``patchreg.__version__``; pyproject.toml reads it from here).
+VERSION = "0.1.0"
 
 log = logging.getLogger("patchreg")
 
@@ -210,3 +231,78 @@ def _unique(found: list[Found]) -> tuple[Found, ...]:
             seen.add(id(item.patch_set))
             out.append(item)
     return tuple(out)
+
+
+# -- the sets the environment names: PATCHREG_PATCHSETS ---------------------------------------------------
+
+#: The environment variable naming the patch sets :func:`patchreg.bootstrap` applies (comma-separated).
+ENV_PATCHSETS = "PATCHREG_PATCHSETS"
+
+
+def named_sets(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The set names in ``PATCHREG_PATCHSETS`` (of ``environ``, default ``os.environ``), in order, once each."""
+    env = os.environ if environ is None else environ
+    names = (n.strip() for n in env.get(ENV_PATCHSETS, "").split(","))
+    return tuple(dict.fromkeys(n for n in names if n))
+
+
+def named(names: list[str], found: Discovery) -> dict[str, PatchSet]:
+    """The named sets, or a PatchError naming the unknown ones (and what failed to load) and the known ones."""
+    by_name = {f.name: f.patch_set for f in found.sets}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        known = ", ".join(sorted(by_name)) or "none"
+        failed = "".join(f"; not loaded: {e.reason}" for e in found.errors)
+        msg = (
+            f"{ENV_PATCHSETS} names unknown patch set(s) {', '.join(map(repr, unknown))}; known sets: {known}"
+            f"{failed}. Fix the variable (comma-separated names, as `python -m patchreg list` prints them)."
+        )
+        raise PatchError(msg)
+    for name in names:
+        bound = [p for p in by_name[name] if not p.is_global]
+        if bound:
+            msg = (
+                f"{ENV_PATCHSETS} names patch set {name!r}, but its patch {bound[0].name!r} targets an object given "
+                f"at apply time ({str(bound[0].where)!r}); such a set cannot be applied from the environment. "
+                f"Remove {name!r} from {ENV_PATCHSETS} and apply it in code with the object (its block, or "
+                "registry.apply(set, obj))."
+            )
+            meant = import_path_meant(str(bound[0].where))
+            if meant:  # "json.dumps": a dotted selector, where the module attribute was meant
+                msg += f" If {str(bound[0].where)!r} means a module attribute, write the import path {meant!r}."
+            raise PatchDefinitionError(msg)
+    return {n: by_name[n] for n in names}
+
+
+def unknown_disabled(found: Discovery) -> tuple[list[str], list[str]]:
+    """``(unknown, known)``: the ``PATCHREG_DISABLE`` names no found set or patch answers to, and the known names
+    (sets, and patches as ``set.patch``)."""
+    shown = {f.name for f in found.sets} | {f"{f.name}.{p.name}" for f in found.sets for p in f.patch_set}
+    bare = {p.name for f in found.sets for p in f.patch_set}  # a bare patch name matches too; not listed
+    return sorted(n for n in names() if n not in shown and n not in bare), sorted(shown)
+
+
+def env_problems(found: Discovery) -> list[str]:
+    """Why :func:`bootstrap` would not install each named set fully here (empty: it would); changes nothing.
+
+    A name no set has, a set whose patches need an object, and a set whose essential patch
+    ``PATCHREG_DISABLE`` names each make one line; what the patches' predicates say is ``doctor``'s table.
+    """
+    problems = []
+    by_name = {f.name: f.patch_set for f in found.sets}
+    for name in named_sets():
+        if name not in by_name:
+            problems.append(
+                f"{ENV_PATCHSETS} names unknown patch set {name!r}; known sets: {', '.join(sorted(by_name))}"
+            )
+            continue
+        try:
+            named([name], found)
+        except PatchError as exc:
+            problems.append(str(exc))
+        problems.extend(
+            f"{name}.{p.name} is essential to {name!r} and disabled by {ENV_DISABLE}: bootstrap() would refuse"
+            for p in by_name[name]
+            if is_essential(p) and is_disabled(name, p)
+        )
+    return problems

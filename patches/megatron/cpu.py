@@ -307,6 +307,9 @@ def _tracker_keys(keys: tuple[str, ...], bound: dict[str, Any]) -> tuple[str, ..
 
 def _no_packed_acceptance() -> tuple[bool, str]:
     """Before dev the acceptance counts are allocated by ``save_metrics_to_tracker`` (``mtp_metrics_device``)."""
+    missing = absent("megatron.core")
+    if missing:  # no release to judge: the patch's has() answers no, not "not needed"
+        return False, missing
     if has(f"{_HELPER}._save_acceptance_counts").evaluate().ok:
         return (
             False,
@@ -381,6 +384,9 @@ def _is_inference_linear(module_: Any) -> bool:
 
 def _no_inference_linear_check() -> tuple[bool, str]:
     """Before main (0.20) the MTP module asks no ``is_inference_column_parallel_linear``: nothing to shim."""
+    missing = absent("megatron.core")
+    if missing:  # no release to judge: the patch's has() answers no, not "not needed"
+        return False, missing
     if has(f"{MTP}:is_inference_column_parallel_linear").evaluate().ok:
         return False, "MultiTokenPredictionLayer.__init__ calls is_inference_column_parallel_linear (main, 0.20)"
     return True, "the MTP module calls no is_inference_column_parallel_linear on this release (it came after 0.19.2)"
@@ -388,6 +394,9 @@ def _no_inference_linear_check() -> tuple[bool, str]:
 
 def _inference_linears_are_classes() -> tuple[bool, str]:
     """Whether upstream's ``is_inference_column_parallel_linear`` can run: its classes are classes (TE installed)."""
+    missing = absent("megatron.core")
+    if missing:
+        return False, missing
     found = vars(module(_INFERENCE))
     stand_ins = [f"{name} is a {type(found.get(name)).__name__}" for name in _INFERENCE_LINEARS
                  if not isinstance(found.get(name), type)]  # fmt: skip

@@ -157,8 +157,8 @@ def test_the_vllm_plugin_entry_point_is_bootstrap() -> None:
 def test_a_dotted_selector_named_from_the_environment_is_told_its_import_path() -> None:
     """A set whose patch targets 'json.dumps' (a selector) is refused with the import path 'json:dumps' it may mean."""
     from patchreg import Patch, PatchDefinitionError, PatchSet
-    from patchreg._bootstrap import _find
     from patchreg._discovery import Discovery, Found
+    from patchreg._discovery import named as _find
 
     dotted = PatchSet("boot-dotted", [Patch("dumps", "json.dumps", lambda *a, **k: "{}")])
     found = Discovery((Found(dotted, "module boot_dotted", "boot_dotted"),), ())
