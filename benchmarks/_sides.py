@@ -210,6 +210,38 @@ def _wrapt_cycle(model: Any, only: tuple[str, ...] | None = None, targets: Targe
 _MISSING = object()
 
 
+FLOOR = "floor: lock, own dicts, ownership checked"
+
+
+def _floor_cycle(model: Any, only: tuple[str, ...] | None = None, targets: Targets | None = None) -> Callable[[], None]:
+    """The floor of an exact block (issue 43): the same objects on the same attributes, written into the holders'
+    own dicts under a lock, and every attribute checked to hold its object before any is put back (no counts, no
+    records, no plans, no second registry: what a block that restores exactly cannot do without)."""
+    import threading
+
+    lock = threading.RLock()
+    spaces = [
+        (vars(holder), attr, new) for holder, attr, new in (_targets(model, only) if targets is None else targets)
+    ]
+
+    def op() -> None:
+        with lock:
+            saved = [(ns, attr, ns.get(attr, _MISSING), new) for ns, attr, new in spaces]
+            for ns, attr, _old, new in saved:
+                ns[attr] = new
+        with lock:
+            for ns, attr, _old, new in saved:
+                if ns.get(attr, _MISSING) is not new:
+                    raise RuntimeError(f"{attr} no longer holds what the floor installed")
+            for ns, attr, old, _new in reversed(saved):
+                if old is _MISSING:
+                    del ns[attr]
+                else:
+                    ns[attr] = old
+
+    return op
+
+
 @contextlib.contextmanager
 def _quiet_stdout() -> Iterator[None]:
     with contextlib.redirect_stdout(Sink()):  # type: ignore[type-var]

@@ -203,13 +203,12 @@ class Book:
     def release_everything(self) -> int:
         """Restore every original this registry displaced (the latest installed first); all or nothing."""
         with LOCK:
-            layers = sorted(
-                self.live_layers(), key=INSTALL_ORDER, reverse=True
-            )  # a wrap goes before the layer it wraps
+            layers = sorted(self.live_layers(), key=INSTALL_ORDER, reverse=True)  # a wrap before what it wraps
             check_release([la for la in layers for _ in range(la.count)])
             cancel(self.pending)
+            debug = log.isEnabledFor(logging.DEBUG)
             for layer in layers:
-                restore(layer)
+                restore(layer, debug)
             return len(layers)
 
     def take_unnamed(self) -> list[Stack]:
@@ -452,6 +451,7 @@ def release(ledger: Report) -> int:
     check_release(taken[todo - 1 :: -1] if todo else [], ledger.repeats)
     restored = 0
     orders = None
+    debug = log.isEnabledFor(logging.DEBUG)
     while todo:  # last taken first; an interrupt between two resumes with the rest
         todo -= 1
         layer = taken[todo]
@@ -459,7 +459,7 @@ def release(ledger: Report) -> int:
         if count == 1:
             if layer.order is not None:
                 orders = [*(orders or ()), (layer.stack.ref(), layer.order)]
-            restored += restore(layer)
+            restored += restore(layer, debug)
         elif count > 1:
             layer.count = count - 1
         ledger.unwound += 1
@@ -471,7 +471,7 @@ def release(ledger: Report) -> int:
     return restored
 
 
-def restore(layer: Layer) -> int:
+def restore(layer: Layer, debug: bool = False) -> int:
     """The restore rule: put back exactly what ``layer`` displaced (its release was checked), then take it off its
     stack; 1 if an original came back (0: its holder died)."""
     stack = layer.stack
@@ -500,7 +500,7 @@ def restore(layer: Layer) -> int:
         layers.remove(layer)
     layer.count = 0  # (as _forget: a layer gone counts no user, keeps no original)
     layer.original = None
-    if log.isEnabledFor(logging.DEBUG):
+    if debug:
         log.debug("patchreg: restored %s (%s)", stack.where, layer.patch.name)
     if not layers and type(stack.ref) is _Strong:  # a mapping held strongly: let it go, keep its name
         stack.title = stack.label
