@@ -271,7 +271,8 @@ def sync_reload(wrapped: Any, worker: Any, args: tuple[Any, ...], kwargs: dict[s
         return wrapped(*args, **kwargs)
     call = _bind(args, kwargs)
     with ledger.lock, reloading():
-        sync = SYNC_DRAFTER and not _begin_target_sync(ledger)
+        aside = _begin_target_sync(ledger)
+        sync = SYNC_DRAFTER and not aside
         keep = _Keep(_num_hidden_layers(worker), copy=call.iterator is not None) if sync else None
         iterator = call.iterator
         if keep is not None and iterator is not None and not call.checkpoint_format:
@@ -291,7 +292,7 @@ def sync_reload(wrapped: Any, worker: Any, args: tuple[Any, ...], kwargs: dict[s
         ledger.failed, ledger.error = None, ""
         if sync:
             _reload_drafter(worker, draft, call, keep, ledger)
-        elif ledger.aside:
+        elif aside:
             _leave_to_session(ledger)
     return result[0]
 
