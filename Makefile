@@ -3,8 +3,8 @@ SHELL := /bin/bash
 PY312 ?= $(or $(shell ls -d /root/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | tail -n 1),$(shell command -v python3.12))
 VENV := .venv
 PY := $(VENV)/bin/python
-# The default lane: the real stack, pinned (vLLM pins torch 2.14.0).
-STACK := vllm==0.33.0 megatron-core==0.19.2
+# The default lane: the real stack, pinned (vLLM 0.33.0 pins torch 2.14.0; named here for the Supported versions page).
+STACK := vllm==0.33.0 megatron-core==0.19.2 torch==2.14.0
 EXTRAS := megatron,vllm,test,bench,lint
 STAMP := $(VENV)/.patchreg-installed
 export HF_HUB_OFFLINE := 1
