@@ -164,6 +164,16 @@ def test_a_level2_sleep_names_the_discarded_drafter_stale_until_a_sync(
     assert status["stale"] == sorted(SHARED) and status["stale_model"] is None
 
 
+def test_a_sleep_that_fails_marks_nothing(worker: Any) -> None:
+    """vLLM's own Worker.sleep(level=2) fails on CPU (no accelerator): the set's wrap lets it raise, nothing stale."""
+    from vllm.v1.worker.gpu_worker import Worker
+
+    with pytest.raises(RuntimeError):
+        Worker.sleep(worker, level=2)
+    status = patchreg_drafter_status(worker)
+    assert (status["stale"], status["stale_model"]) == ([], None)
+
+
 def test_sleep_is_wrapped_on_the_gpu_worker_not_on_the_cpu_workers_no_op(vllm: Any) -> None:
     """Both sets wrap Worker.sleep; vLLM's CPU worker overrides it with a no-op (no sleep mode), which stays as it is."""
     from vllm.v1.worker.cpu_worker import CPUWorker
