@@ -51,10 +51,12 @@ from patches.vllm.drafter_load import (
     reloading,
     sync_target_load,
 )
+from patches.vllm.drafter_sessions import note_session_end, note_session_failure, note_sleep, open_session
 from patchreg import Patch, PatchError, PatchSet, check, has, not_needed_when, requires
 
 __all__ = [
     "DRAFTER_SYNC",
+    "RUNNERS",
     "WORKER_CHANNEL",
     "active_sets",
     "drafter_owns",
@@ -65,7 +67,11 @@ logger = logging.getLogger("patchreg.vllm")
 
 _WORKER: Final = "vllm.v1.worker.gpu_worker:Worker"
 _CORE: Final = "vllm.v1.engine.core:EngineCore"
-_RUNNER: Final = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
+RUNNERS: Final = (
+    "vllm.v1.worker.gpu.model_runner:GPUModelRunner",  # 0.34's only runner (0.33's second)
+    "vllm.v1.worker.gpu_model_runner:GPUModelRunner",  # up to 0.33 (gone in 0.34)
+)
+"""The model runners a vLLM worker may build, newest first: the probe runs on each one the installed release has."""
 _INPLACE: Final = "vllm.model_executor.model_loader.reload.inplace:reload_weights"
 
 SYNC_DRAFTER: bool = False
@@ -84,7 +90,13 @@ class _Ledger:
     written: set[str] = attrs.Factory(set)  # drafter parameter names written by the last sync
     failed: str | None = None  # "target" or "drafter" when the last sync raised there
     error: str = ""
-    source: str = ""  # "path <p>", "iterator", "weight transfer"
+    source: str = ""  # "path <p>", "iterator", "weight transfer", "draft weight transfer", "target load_weights"
+    session: str | None = None  # "target" or "drafter" while one of vLLM's weight-transfer sessions is open
+    session_loaded: set[str] = attrs.Factory(set)  # drafter names the open draft session's load_weights reported
+    session_observed: bool = False  # the open draft session's load_weights was seen
+    session_follows: bool = False  # the last target sync was followed by a finished draft session
+    aside: bool = False  # this target sync leaves the drafter to vLLM's draft session
+    sleeps: int = 0  # level 2 sleeps (each discards the drafter's tensors but those kept)
     lock: threading.Lock = attrs.Factory(threading.Lock)
 
 
@@ -98,6 +110,22 @@ def _ledger(worker: Any) -> _Ledger:
         if found is None:
             found = _LEDGERS[worker] = _Ledger()
         return found
+
+
+def _begin_target_sync(ledger: _Ledger) -> bool:
+    """A target sync starts (the ledger's lock held): True, and noted, when it leaves the drafter to vLLM's draft
+    weight-update session, i.e. the previous target sync was followed by one (the caller syncs the drafter so)."""
+    ledger.aside, ledger.session_follows = ledger.session_follows, False
+    return ledger.aside
+
+
+def _leave_to_session(ledger: _Ledger) -> None:
+    """The drafter is left to the caller's draft session (the ledger's lock held): stale until it finishes."""
+    ledger.failed = "drafter"
+    ledger.error = (
+        "left to vLLM's draft weight-update session (start_draft_weight_update), which followed the previous sync; "
+        "none has finished since this one"
+    )
 
 
 # --------------------------------------------------------------------------- which tensors are the drafter's
@@ -242,16 +270,18 @@ def sync_reload(wrapped: Any, worker: Any, args: tuple[Any, ...], kwargs: dict[s
     if draft is None:
         return wrapped(*args, **kwargs)
     call = _bind(args, kwargs)
-    keep = _Keep(_num_hidden_layers(worker), copy=call.iterator is not None) if SYNC_DRAFTER else None
-    iterator = call.iterator
-    if keep is not None and iterator is not None and not call.checkpoint_format:
-        iterator = keep.through(iterator)  # kernel format: vLLM copies tensor by tensor, no load_weights call
-    target_kwargs = {
-        "weights_iterator": iterator,
-        "weights_path": call.path,
-        "is_checkpoint_format": call.checkpoint_format,
-    }
     with ledger.lock, reloading():
+        aside = _begin_target_sync(ledger)
+        sync = SYNC_DRAFTER and not aside
+        keep = _Keep(_num_hidden_layers(worker), copy=call.iterator is not None) if sync else None
+        iterator = call.iterator
+        if keep is not None and iterator is not None and not call.checkpoint_format:
+            iterator = keep.through(iterator)  # kernel format: vLLM copies tensor by tensor, no load_weights call
+        target_kwargs = {
+            "weights_iterator": iterator,
+            "weights_path": call.path,
+            "is_checkpoint_format": call.checkpoint_format,
+        }
         ledger.written, ledger.failed, ledger.error = set(), "target", "the target's reload did not finish"
         ledger.source = "iterator" if call.iterator is not None else f"path {call.path or '(the current model)'}"
         result: list[Any] = []
@@ -260,14 +290,18 @@ def sync_reload(wrapped: Any, worker: Any, args: tuple[Any, ...], kwargs: dict[s
         ledger.target_syncs += 1
         ledger.written = _shared_written(worker.get_model(), draft, loaded)
         ledger.failed, ledger.error = None, ""
-        if SYNC_DRAFTER:
+        if sync:
             _reload_drafter(worker, draft, call, keep, ledger)
+        elif aside:
+            _leave_to_session(ledger)
     return result[0]
 
 
-def _shared_written(target: Any, draft: Any, target_loaded: set[str]) -> set[str]:
-    """The drafter's names of the tensors it shares with the target that the target's load wrote."""
-    written = {id(p) for n, p in target.named_parameters(remove_duplicate=False) if n in target_loaded}
+def _shared_written(target: Any, draft: Any, target_loaded: set[str] | None) -> set[str]:
+    """The drafter's names of the tensors it shares with the target that the target's load wrote (``None``: all
+    of them, the drafter's tensors shared with the target)."""
+    params = target.named_parameters(remove_duplicate=False)
+    written = {id(p) for n, p in params if target_loaded is None or n in target_loaded}
     return {n for n, p in draft.named_parameters() if id(p) in written}  # the names drafter_status lists
 
 
@@ -324,40 +358,6 @@ def _put_back(draft: Any, config: Any) -> None:
         logger.exception("Putting the MTP drafter's tensors back after its failed reload failed too.")
 
 
-# --------------------------------------------------------------------------- weight-transfer sessions
-
-
-def warn_target_session(wrapped: Any, worker: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Wrap ``Worker.start_weight_update``: a target session leaves the MTP drafter stale; say so and note it."""
-    result = wrapped(*args, **kwargs)
-    draft = _draft_of(worker)
-    if draft is not None:
-        ledger = _ledger(worker)
-        with ledger.lock:
-            ledger.target_syncs += 1
-            ledger.written, ledger.source = set(), "weight transfer"
-            ledger.failed, ledger.error = "drafter", "a weight-transfer session wrote the target only"
-        logger.warning(
-            "vLLM's weight-transfer session writes the target only: the MTP drafter stays stale. After "
-            "finish_weight_update, send the drafter's tensors in a second session opened with "
-            "start_draft_weight_update (collective_rpc('start_draft_weight_update'))."
-        )
-    return result
-
-
-def note_draft_session(wrapped: Any, worker: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Wrap ``Worker.start_draft_weight_update``: the session that follows writes the drafter."""
-    result = wrapped(*args, **kwargs)
-    draft = _draft_of(worker)
-    if draft is not None:
-        ledger = _ledger(worker)
-        with ledger.lock:
-            ledger.drafter_syncs += 1
-            ledger.written = {n for n, _ in draft.named_parameters()}
-            ledger.failed, ledger.error = None, ""
-    return result
-
-
 # --------------------------------------------------------------------------- worker methods (by name)
 
 
@@ -374,7 +374,7 @@ def patchreg_drafter_status(self: Any) -> dict[str, Any]:
     ledger = _ledger(self)
     names = [n for n, _ in draft.named_parameters()] if draft is not None else []
     with ledger.lock:
-        stale = sorted(set(names) - ledger.written) if ledger.target_syncs else []
+        stale = sorted(set(names) - ledger.written) if ledger.target_syncs or ledger.sleeps else []
         if ledger.failed == "target":
             stale = sorted(names)
         record = {
@@ -424,35 +424,57 @@ def active_sets() -> dict[str, str]:
 def _native_drafter_sync() -> tuple[bool, str]:
     """Behavioural probe: does vLLM's own runner ``reload_weights`` write the draft model too?
 
-    Calls ``GPUModelRunner.reload_weights`` on a stand-in runner whose target and draft are two
-    one-tensor modules, with one tensor named as both have it, in kernel format (no loader, no
-    config). True only if the draft's tensor changed; anything unexpected answers False (the patch stays).
+    Calls ``reload_weights`` of each model runner class in :data:`RUNNERS` the installed release has
+    (0.34 has only ``vllm.v1.worker.gpu.model_runner``; 0.33 both) on a stand-in runner whose target and
+    draft are two one-tensor modules, with one tensor named as both have it, in kernel format (no loader,
+    no config). True only if every runner wrote the draft's tensor; a runner the probe cannot run on, or
+    none found, answers False (the patch stays) and the reason says why.
     """
+    import importlib
+
+    found: list[str] = []
+    for path in RUNNERS:
+        module, _, name = path.partition(":")
+        try:
+            runner_class = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            continue
+        try:
+            synced = _runner_writes_draft(runner_class)
+        except Exception as exc:  # a release the probe does not fit: keep the patch
+            return False, f"the probe of {module}'s reload_weights did not run ({type(exc).__name__}: {exc})"
+        if not synced:
+            return False, f"vLLM's reload_weights does not write the draft model ({module})"
+        found.append(module)
+    if not found:
+        return False, f"the probe found no model runner of vLLM's ({', '.join(RUNNERS)}): the patch stays"
+    return True, f"vLLM's reload_weights writes the draft model ({', '.join(found)})"
+
+
+def _runner_writes_draft(runner_class: Any) -> bool:
+    """Run ``runner_class.reload_weights`` on a stand-in runner (target and draft: one zero tensor each, named
+    alike), with a kernel-format iterator of ones; True when the draft's tensor became ones."""
     from types import SimpleNamespace
 
-    try:
-        import torch
-        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    import torch
 
-        target, draft = (torch.nn.Linear(2, 2, bias=False).requires_grad_(False) for _ in range(2))
-        target.weight.zero_()
-        draft.weight.zero_()
-        config = SimpleNamespace(model_config=SimpleNamespace(quantization=None), load_config=None, lora_config=None)
-        runner = SimpleNamespace(
-            vllm_config=config,
-            get_model=lambda: target,
-            get_draft_model=lambda: draft,
-            reset_lora_state=lambda: None,
-            reset_encoder_cache=lambda: None,
-            reset_mm_cache=lambda: None,
-        )
-        GPUModelRunner.reload_weights(
-            runner, weights_iterator=[("weight", torch.ones(2, 2))], is_checkpoint_format=False
-        )
-    except Exception as exc:  # a release the probe does not fit: keep the patch
-        return False, f"the probe of vLLM's reload_weights did not run ({type(exc).__name__}: {exc})"
-    synced = bool(draft.weight.eq(1).all())
-    return synced, f"vLLM's reload_weights {'writes' if synced else 'does not write'} the draft model"
+    target, draft = (torch.nn.Linear(2, 2, bias=False).requires_grad_(False) for _ in range(2))
+    target.weight.zero_()
+    draft.weight.zero_()
+    config = SimpleNamespace(model_config=SimpleNamespace(quantization=None), load_config=None, lora_config=None)
+    runner = SimpleNamespace(
+        vllm_config=config,
+        get_model=lambda: target,
+        get_draft_model=lambda: draft,
+        reset_lora_state=lambda: None,
+        reset_encoder_cache=lambda: None,
+        reset_mm_cache=lambda: None,
+    )
+    runner_class.reload_weights(runner, weights_iterator=[("weight", torch.ones(2, 2))], is_checkpoint_format=False)
+    if not bool(target.weight.eq(1).all()):
+        msg = "the target's tensor was not written either: the stand-in runner no longer fits reload_weights"
+        raise RuntimeError(msg)
+    return bool(draft.weight.eq(1).all())
 
 
 def _load_weights_wraps(classes: tuple[str, ...], suffix: str, wrapper: Any, what: str) -> list[Patch]:
@@ -469,6 +491,26 @@ def _load_weights_wraps(classes: tuple[str, ...], suffix: str, wrapper: Any, wha
         )
         for where in classes
     ]
+
+
+def _session_wraps() -> list[Patch]:
+    """The wraps of vLLM's weight-transfer session methods on the worker, where the release has them (the draft
+    session from 0.26): the drafter sync steps aside inside a session, and the ledger counts each one."""
+    wraps = (
+        ("start_weight_update", "target-session-noted", open_session("target"),
+         "a target session: the drafter follows in a draft session, not by the drafter sync"),
+        ("start_draft_weight_update", "draft-session-noted", open_session("drafter"),
+         "a draft session (vLLM 0.26+): it writes the drafter; the drafter sync steps aside"),
+        ("update_weights", "session-failure-noted", note_session_failure,
+         "a failed chunk ends the session: the ledger names the model left stale"),
+        ("finish_weight_update", "session-credited", note_session_end,
+         "the session is counted; a draft session is credited as the drafter's sync"),
+    )
+    return [
+        Patch(f"vllm.worker.{name}", f"{_WORKER}.{method}", wrapper, kind="wrap",
+              when=requires("vllm") & has(f"{_WORKER}.{method}"), doc=f"Worker.{method}: {doc}.")
+        for method, name, wrapper, doc in wraps
+    ]  # fmt: skip
 
 
 _HAS_RELOAD: Final = (
@@ -529,6 +571,15 @@ _WORKER_METHODS = [
         when=_LAYERWISE,
         doc="After a target's layerwise reload: note the sync; with the drafter sync on, reload the drafter.",
     ),
+    *_session_wraps(),
+    Patch(
+        "vllm.worker.sleep-notes-discarded-drafter",
+        f"{_WORKER}.sleep",
+        note_sleep,
+        kind="wrap",
+        when=requires("vllm") & has(f"{_WORKER}.sleep"),
+        doc="Worker.sleep: after level 2, the drafter tensors it discarded are stale until a sync (vLLM #52479).",
+    ),
     *_load_weights_wraps(MODEL_CLASSES, "syncs-drafter", sync_target_load,
                          ": keep the drafter's tensors as they pass; sync it after."),
     *_load_weights_wraps(DRAFT_CLASSES, "noted", note_drafter_load,
@@ -553,22 +604,6 @@ DRAFTER_SYNC = PatchSet(
             kind="value",
             when=_HAS_RELOAD,
             doc="Switches the reload wrapper's drafter reload on.",
-        ),
-        Patch(
-            "vllm.worker.weight-transfer-warns",
-            f"{_WORKER}.start_weight_update",
-            warn_target_session,
-            kind="wrap",
-            when=requires("vllm") & has(f"{_WORKER}.start_weight_update"),
-            doc="A weight-transfer session writes the target only: warn, naming start_draft_weight_update.",
-        ),
-        Patch(
-            "vllm.worker.draft-weight-transfer-noted",
-            f"{_WORKER}.start_draft_weight_update",
-            note_draft_session,
-            kind="wrap",
-            when=requires("vllm") & has(f"{_WORKER}.start_draft_weight_update"),
-            doc="A start_draft_weight_update session writes the drafter: note it.",
         ),
     ],
     "MTP speculative decoding: reload_weights also reloads the drafter (path or iterator); workers report it",

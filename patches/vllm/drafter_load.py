@@ -120,8 +120,12 @@ def sync_target_load(wrapped: Any, model: Any, args: tuple[Any, ...], kwargs: di
     worker = _worker_of(model)
     if worker is None:
         return wrapped(*args, **kwargs)
-    from patches.vllm import drafter
+    from patches.vllm import drafter, drafter_sessions
 
+    if drafter_sessions.in_session(worker):  # vLLM's weight-transfer session: the drafter has a session of its own
+        loaded = set(wrapped(*args, **kwargs) or ())
+        drafter_sessions.note_session_load(worker, "target", loaded, target=model)
+        return loaded
     layerwise = _in_layerwise(model)
     # inside a layerwise reload the drafter loads at the finalize, after the caller may have reused its buffers
     keep = drafter._Keep(drafter._num_hidden_layers(worker), copy=layerwise)
@@ -167,6 +171,7 @@ def _start(worker: Any, keep_shared: Any = None) -> None:
         ids = {id(p) for _, p in keep_shared.named_parameters(remove_duplicate=False)}
         shared = {n for n, p in draft.named_parameters() if id(p) in ids}
     with ledger.lock:
+        drafter._begin_target_sync(ledger)
         ledger.written, ledger.failed = ledger.written & shared, "target"
         ledger.error = "the target's load_weights sync did not finish"
 
@@ -197,9 +202,11 @@ def _sync_drafter(worker: Any, model: Any, pending: _Pending) -> None:
         ledger.source = "target load_weights"
         ledger.written |= drafter._shared_written(model, draft, pending.loaded)
         ledger.failed, ledger.error = None, ""
-        if drafter.SYNC_DRAFTER:
+        if drafter.SYNC_DRAFTER and not ledger.aside:
             with reloading():
                 drafter._reload_drafter(worker, draft, call, keep, ledger)
+        elif ledger.aside:
+            drafter._leave_to_session(ledger)
 
 
 def note_drafter_load(wrapped: Any, draft: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -208,8 +215,11 @@ def note_drafter_load(wrapped: Any, draft: Any, args: tuple[Any, ...], kwargs: d
     worker = _worker_of(draft, _DRAFTS)
     loaded = wrapped(*args, **kwargs)
     if worker is not None:
-        from patches.vllm import drafter
+        from patches.vllm import drafter, drafter_sessions
 
+        if drafter_sessions.in_session(worker):  # a draft session: credited as a whole when it finishes
+            drafter_sessions.note_session_load(worker, "drafter", set(loaded or ()))
+            return loaded
         ledger = drafter._ledger(worker)
         with ledger.lock:
             ledger.written |= set(loaded or ())

@@ -40,7 +40,8 @@ class DrafterStatus:
     drafter_syncs: int
     drafter_tensors: int
     source: str
-    """Where the last sync read from: ``path ...``, ``iterator`` or ``weight transfer``."""
+    """Where the last sync read from: ``path ...``, ``iterator``, ``target load_weights``, ``weight transfer`` (a
+    target session) or ``draft weight transfer`` (a ``start_draft_weight_update`` session)."""
     sync_active: bool
     """The drafter sync (``vllm-mtp-drafter-sync``) is on in that worker."""
     sets: dict[str, str]

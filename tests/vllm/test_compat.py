@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from typing import Any
 
@@ -20,6 +21,14 @@ from patches.vllm._compat import (
     speculative_config_keys,
     vllm_version,
 )
+
+
+def test_the_lane_runs_the_vllm_it_names(vllm: Any) -> None:
+    """Where a lane names its vLLM release (PATCHREG_VLLM_EXPECT, set by make test-vllm-034), that one is imported."""
+    expected = os.environ.get("PATCHREG_VLLM_EXPECT")
+    if not expected:
+        pytest.skip("no lane names a vLLM release here (make test-vllm-034 sets PATCHREG_VLLM_EXPECT)")
+    assert (vllm.__version__, vllm_version()) == (expected, expected), vllm.__file__
 
 
 def test_installed_vllm_is_seen(vllm: Any) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from patches.vllm import build_mtp_speculative_config, mtp_engine_kwargs, mtp_method_names
+from tests.vllm.engine_config import engine_config
 from tests.vllm.tiny_models import EXPECTED_DRAFT
 
 KINDS = sorted(EXPECTED_DRAFT)
@@ -19,15 +20,6 @@ KINDS = sorted(EXPECTED_DRAFT)
 def verl_merge(method: Any, num_speculative_tokens: Any, overrides: dict[str, Any]) -> dict[str, Any]:
     """verl 0.9.1's merge, restated: the user's overrides are spread last and win silently."""
     return {"method": method, "num_speculative_tokens": num_speculative_tokens, **overrides}
-
-
-def engine_config(model_dir: Path, **kwargs: Any) -> Any:
-    """Run vLLM's ``EngineArgs(...).create_engine_config()`` for a tiny local model."""
-    from vllm.engine.arg_utils import EngineArgs
-
-    return EngineArgs(
-        model=str(model_dir), skip_tokenizer_init=True, max_model_len=256, **kwargs
-    ).create_engine_config()
 
 
 # ---------------------------------------------------------------- what we build, and vLLM accepts

@@ -21,9 +21,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from tests.vllm.cpu_transfer import BACKEND, register
 from tests.vllm_engine.engines import KNOWN_PROMPTS, MAX_MODEL_LEN, greedy, token_prompt
 
 _EXTENSION = {"worker_extension_cls": "tests.vllm_engine.sync_run.SyncFromFile"}
+register()  # the CPU weight-transfer engine, in every process that imports the extension (vLLM's workers too)
 Rpc = Callable[..., Awaitable[Any]]
 
 
@@ -146,6 +148,24 @@ class SyncFromFile:
             return f"{type(exc).__name__}: {exc}"
         return "ok"
 
+    def discard_as_level2_sleep(self) -> list[str]:
+        """What a level 2 sleep does to the drafter on a GPU, where vLLM-CPU's sleep does nothing: the tensors
+        it discards (``discarded_by_sleep``: all but ``sleep_preserve_parameter_names``) lose their values
+        (zeroed here; a GPU gives them back uninitialised at wake), then the set's sleep hook notes them, as its
+        wrap of ``Worker.sleep`` does after a level 2 sleep. Returns the names."""
+        import torch
+
+        from patches.vllm.drafter_sessions import discarded_by_sleep, note_discarded
+
+        draft = self.get_draft_model()  # type: ignore[attr-defined]
+        discarded = discarded_by_sleep(self, draft)
+        with torch.no_grad():
+            for name, param in draft.named_parameters():
+                if name in discarded:
+                    param.zero_()
+        note_discarded(self, draft, discarded)
+        return sorted(discarded)
+
     def drafter_equals(self, path: str) -> dict[str, bool]:
         """The drafter's tensors compared with ``path``'s (plain data: no insecure serialization needed)."""
         return _drafter_equals(self, path)
@@ -164,6 +184,8 @@ async def _step(result: dict[str, Any], key: str, coro: Awaitable[Any]) -> Any:
 async def _scenario(spec: dict[str, Any], engine: Any, rpc: Rpc, generate: Callable[..., Awaitable[Any]]) -> dict:
     if spec.get("path") == "load_weights":
         return await _load_scenario(spec, engine, rpc, generate)
+    if spec.get("path") == "sessions":
+        return await _session_scenario(spec, engine, rpc, generate)
     from patches.vllm import drafter_status, spec_decode_stats
 
     known, random = Path(spec["known"]), Path(spec["random"])
@@ -247,17 +269,73 @@ async def _load_scenario(spec: dict[str, Any], engine: Any, rpc: Rpc, generate: 
     return result
 
 
+async def _session_scenario(
+    spec: dict[str, Any], engine: Any, rpc: Rpc, generate: Callable[..., Awaitable[Any]]
+) -> dict[str, Any]:
+    """vLLM's weight-transfer sessions (the CPU file engine), reload_weights around them, and level 2 sleep."""
+    from patches.vllm import drafter_status, spec_decode_stats
+
+    known, random = spec["known"], spec["random"]
+    result: dict[str, Any] = {"pid": os.getpid(), "main_patches": _main_process_patches()}
+
+    async def acceptance() -> dict[str, float]:
+        kinds = list(KNOWN_PROMPTS)
+        outs = await generate([token_prompt(KNOWN_PROMPTS[k]) for k in kinds])
+        return {k: spec_decode_stats(o).acceptance_rate for k, o in zip(kinds, outs, strict=True)}
+
+    async def status() -> Any:
+        found = drafter_status(engine, require_sync=False)
+        return _plain(await found if asyncio.iscoroutine(found) else found)
+
+    async def session(draft: bool, path: str, only: str = "") -> str:
+        await rpc("start_draft_weight_update" if draft else "start_weight_update")
+        await rpc("update_weights", args=({"path": path, "only": only},))
+        await rpc("finish_weight_update")
+        return "ok"
+
+    async def reload(path: str) -> str:
+        await rpc("reload_weights", kwargs={"weights_path": path})
+        return "ok"
+
+    async def sleep_and_wake() -> str:
+        await spec["sleep"](2)
+        await spec["wake_up"]()
+        return "ok"
+
+    steps: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
+        ("target_session", lambda: session(False, known)),  # the whole checkpoint, the MTP layer included
+        ("draft_session", lambda: session(True, known, "mtp")),
+        ("reload_random", lambda: reload(random)),  # follows a target sync that a draft session followed
+        ("draft_session_random", lambda: session(True, random, "mtp")),
+        ("reload_known", lambda: reload(known)),  # the same: left to a draft session, which does not come
+        ("reload_known_again", lambda: reload(known)),  # the last one was not followed by one: synced here
+        ("sleep_wake", sleep_and_wake),  # vLLM-CPU: no sleep mode (nothing discarded)
+        ("discard", lambda: rpc("discard_as_level2_sleep")),
+        ("reload_after_discard", lambda: reload(known)),
+    ]
+    await _step(result, "acceptance_start", acceptance())
+    for name, step in steps:
+        await _step(result, name, step())
+        await _step(result, f"status_{name}", status())
+        if name != "discard":  # the discard zeroes the target's shared tensors too: nothing to measure
+            await _step(result, f"acceptance_{name}", acceptance())
+        await _step(result, f"drafter_equals_{name}", rpc("drafter_equals", args=(known,)))
+    return result
+
+
 def run_llm(spec: dict[str, Any]) -> dict[str, Any]:
     from vllm import LLM
 
     from patches.vllm import mtp_engine_kwargs
 
+    sessions = {"weight_transfer_config": {"backend": BACKEND}} if spec.get("path") == "sessions" else {}
     llm = LLM(
         model=spec["random"],
         max_model_len=MAX_MODEL_LEN,
         enforce_eager=True,
         seed=0,
         **_EXTENSION,
+        **sessions,
         **mtp_engine_kwargs(),
     )
     client = llm.llm_engine.engine_core
@@ -273,8 +351,15 @@ def run_llm(spec: dict[str, Any]) -> dict[str, Any]:
     async def generate(prompts: list[Any]) -> Any:
         return llm.generate(prompts, greedy(), use_tqdm=False)
 
+    async def sleep(level: int) -> None:
+        llm.sleep(level=level)
+
+    async def wake_up() -> None:
+        llm.wake_up()
+
+    hooks = {"core_fingerprint": core_fingerprint, "sleep": sleep, "wake_up": wake_up}
     try:
-        return asyncio.run(_scenario({**spec, "core_fingerprint": core_fingerprint}, llm, rpc, generate))
+        return asyncio.run(_scenario({**spec, **hooks}, llm, rpc, generate))
     finally:
         client.shutdown()
         gc.collect()
