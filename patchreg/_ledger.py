@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from patchreg._drift import Drift, drift
 from patchreg._format import WIDTH, wrap
@@ -154,7 +154,7 @@ class Layer:
         return bool(identity(current) == installed)
 
 
-class Step:
+class Step(NamedTuple):
     """One install a plan makes: ``patch`` on ``stack``, made by the binding rule for what the holder stored when
     planned (``found``): ``value`` as it is, or ``make(holder)``.
 
@@ -165,8 +165,6 @@ class Step:
     read none); else the rule runs again. ``order``: a dict patch's mapping keys, in their order when resolved;
     ``calls``: a wrap on an instance or a class, which may call what the class attribute it inherits holds.
     """
-
-    __slots__ = ("above", "calls", "cls", "found", "make", "mro", "order", "patch", "raw", "stack", "value", "view")
 
     patch: Patch
     stack: Stack

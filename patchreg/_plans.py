@@ -137,19 +137,21 @@ def _step(book: Book, patch: Patch, holder: Any, attr: Any, order: list[Any] | N
     must find there later (on an instance: its class, which stores the attribute as read now)."""
     stack = stack_for(book, patch, holder, attr)
     kind = stack.kind
-    step = Step()
-    step.patch, step.stack, step.order, step.found = patch, stack, order, stack.current()
-    step.value, step.make = binding(patch.kind, patch.replacement, kind, holder, attr, step.found, patch.prepend)
-    step.cls, step.raw, step.view = None, ABSENT, None
-    step.calls = patch.kind == "wrap" and kind != "module"
+    found = stack.current()
+    value, make = binding(patch.kind, patch.replacement, kind, holder, attr, found, patch.prepend)
+    cls: type | None = None
+    mro: tuple[type, ...] = ()
+    above: tuple[Any, ...] = ()
+    view: Any = None
+    raw: Any = ABSENT
     if kind == "instance" or (kind == "class" and patch.kind == "wrap"):
         mro, above, view, raw = _class_read(type(holder) if kind == "instance" else holder, attr, kind)
-        step.raw, step.view = raw, view
         if kind == "instance":
-            step.cls, step.mro, step.above = type(holder), mro, above
-            if step.found is not ABSENT:  # held as a layer holds it: never keeping the instance alive
-                step.found = weak_or_id(step.found)
-    return step
+            cls = type(holder)
+            if found is not ABSENT:  # held as a layer holds it: never keeping the instance alive
+                found = weak_or_id(found)
+    calls = patch.kind == "wrap" and kind != "module"
+    return Step(patch, stack, found, value, make, cls, mro, view, raw, above, order, calls)
 
 
 def _class_read(cls: type, attr: str, kind: str) -> tuple[tuple[type, ...], tuple[Any, ...], Any, Any]:

@@ -39,7 +39,6 @@ __all__ = [
     "plan_key",
     "purge",
     "release",
-    "restore",
     "stack_for",
     "take",
     "to_release",
@@ -203,13 +202,12 @@ class Book:
     def release_everything(self) -> int:
         """Restore every original this registry displaced (the latest installed first); all or nothing."""
         with LOCK:
-            layers = sorted(self.live_layers(), key=INSTALL_ORDER, reverse=True)  # a wrap before what it wraps
-            check_release([la for la in layers for _ in range(la.count)])
+            everything = Report(self.owner(), "revert_all", ())  # every user of every layer, in install order:
+            everything.layers = [la for la in sorted(self.live_layers(), key=INSTALL_ORDER) for _ in range(la.count)]
+            everything.repeats = True  # released last installed first (a wrap before what it wraps)
+            check_release(everything.layers[::-1])
             cancel(self.pending)
-            debug = log.isEnabledFor(logging.DEBUG)
-            for layer in layers:
-                restore(layer, debug)
-            return len(layers)
+            return release(everything)
 
     def take_unnamed(self) -> list[Stack]:
         """The stacks made for this registry since the last call that want a name by path."""
@@ -292,46 +290,92 @@ def _forget(layer: Layer) -> None:
 
 
 def take(book: Book, steps: Sequence[Step], ledger: Report) -> bool:
-    """Take a user of every step's install for ``ledger`` (under the lock): share the install of the same patch by
-    this registry, else install over what is there; all or nothing. False, before anything changes, when a step's
-    holder no longer is what the plan found (it died, or on an instance its class, or the class attribute it stores,
-    changed): resolve again."""
+    """The one install loop: take a user of every step's install for ``ledger`` (under the lock); all or nothing.
+
+    False, before anything changes, when a step's holder no longer is what the plan found (it died, or on an instance
+    its class, or the class attribute it stores, changed): resolve again. Per step, this registry's install of the
+    same patch gets one user more (sharing); else, once no conflict forbids it, the step installs over what the holder
+    stores now: the plan's binding while the holder stores what the plan found there and the class attribute it binds
+    or wraps is unchanged, the binding rule again otherwise. Its layer (on an instance what was installed held weakly,
+    or by identity, and so the original where what is installed keeps it alive) is recorded before the write: if the
+    write raises after storing, a release restores.
+    """
     if _DEAD:
         purge()
-    for step in steps:  # what the plan must find there
-        holder = step.stack.ref()
-        cls = step.cls
+    for _patch, stack, _found, _value, _make, cls, mro, view, raw, above, _order, _calls in steps:  # what it must find
+        holder = stack.ref()
         if holder is None or (
             cls is not None
             and (
                 type(holder) is not cls
-                or step.view.get(step.stack.attr, ABSENT) is not step.raw
-                or (step.above and (cls.__mro__ is not step.mro or any(step.stack.attr in v for v in step.above)))
+                or view.get(stack.attr, ABSENT) is not raw
+                or (above and (cls.__mro__ is not mro or any(stack.attr in v for v in above)))
             )
         ):
             return False
     now = _time()
-    installed = 0
+    taken = ledger.layers
+    made = 0
     try:
         for step in steps:
-            layers = step.stack.layers
-            if layers:
-                shared = _shared(layers, step.patch, book)
+            patch, stack, found, value, make, cls, _mro, view, raw, _above, order, calls = step
+            on = stack.layers
+            if on:
+                shared = _shared(on, patch, book)
                 if shared is not None:
                     shared.count += 1
-                    ledger.repeats = ledger.repeats or shared in ledger.layers
-                    ledger.layers.append(shared)
+                    ledger.repeats = ledger.repeats or shared in taken
+                    taken.append(shared)
                     continue
-                check_compatible(step.patch, step.stack, book)
-            _install(book, step, ledger, now)
-            installed += 1
+                check_compatible(patch, stack, book)
+            holder = stack.ref()
+            kind, attr = stack.kind, stack.attr
+            current = (holder if kind == "item" else holder.__dict__).get(attr, ABSENT)
+            if not (
+                found is current
+                or (
+                    cls is not None
+                    and found is not ABSENT
+                    and (found() is current if type(found) is Ref else identity(current) == found)
+                )
+            ) or (
+                view is not None and view.get(attr, ABSENT) is not raw
+            ):  # changed since the plan (by another install, or an earlier step of this one): the rule again
+                value, make = binding(patch.kind, patch.replacement, kind, holder, attr, current, patch.prepend)
+            installed = value if make is None else make(holder)
+            layer = Layer()
+            layer.patch, layer.stack, layer.owner, layer.since, layer.seq = patch, stack, book, now, next(_SEQUENCE)
+            layer.count, layer.uppers, layer.order, layer.original = 1, None, order, current
+            on.append(layer)
+            taken.append(layer)
+            if kind == "instance":  # its own dict, written directly
+                layer.installed = weak_or_id(installed)
+                if current is not ABSENT and (
+                    installed is current or getattr(installed, "__wrapped__", None) is current
+                ):
+                    held = weak_or_id(current)
+                    if type(held) is Ref:
+                        layer.original = WeakOriginal(held)
+                if installed is ABSENT:  # a delete
+                    holder.__dict__.pop(attr, None)
+                else:
+                    holder.__dict__[attr] = installed
+            else:
+                layer.installed = installed
+                _write(step, holder, layer, ledger, installed, current)
+            if calls and current is ABSENT:  # a wrap calls what its class stores there:
+                below = _inherited(holder, attr, kind)  # a layer installed there is released after it
+                if below is not None:
+                    below.uppers = [u for u in below.uppers or () if u.count > 0]
+                    below.uppers.append(layer)
+            made += 1
     except BaseException:
-        ledger.new_installs = installed
+        ledger.new_installs = made
         release(ledger)
         raise
-    ledger.new_installs = installed
-    if installed and log.isEnabledFor(logging.DEBUG):
-        for layer in ledger.layers[-installed:]:
+    ledger.new_installs = made
+    if made and log.isEnabledFor(logging.DEBUG):
+        for layer in taken[-made:]:
             log.debug("patchreg: installed %s on %s", layer.patch.name, layer.stack.where)
     return True
 
@@ -342,58 +386,6 @@ def _shared(layers: list[Layer], patch: Patch, book: Book) -> Layer | None:
         if layer.patch is patch and layer.owner is book:
             return layer
     return None
-
-
-def _install(book: Book, step: Step, ledger: Report, now: int) -> None:
-    """Install ``step``'s object over what its holder stores now, and record its layer (before the write: if the
-    write raises after storing, a release restores).
-
-    What the plan's binding made is installed again while the holder stores what the plan found there and the class
-    attribute it binds or wraps is unchanged (``step.found``: on an instance a weak reference or an identity, as a
-    layer holds it); else the binding rule runs again for what is there now. On an instance what was installed is
-    held weakly (or by identity), and so is the original where what is installed keeps it alive."""
-    stack = step.stack
-    holder = stack.ref()
-    kind, attr = stack.kind, stack.attr
-    current = (holder if kind == "item" else holder.__dict__).get(attr, ABSENT)
-    found, view = step.found, step.view
-    if (
-        found is current
-        or (
-            step.cls is not None
-            and found is not ABSENT
-            and (found() is current if type(found) is Ref else identity(current) == found)
-        )
-    ) and (view is None or view.get(attr, ABSENT) is step.raw):
-        value, make = step.value, step.make
-    else:  # changed since the plan (by another install, or an earlier step of this one): the rule again
-        patch = step.patch
-        value, make = binding(patch.kind, patch.replacement, kind, holder, attr, current, patch.prepend)
-    installed = value if make is None else make(holder)
-    layer = Layer()
-    layer.patch, layer.stack, layer.owner, layer.since, layer.seq = step.patch, stack, book, now, next(_SEQUENCE)
-    layer.original = current
-    layer.count, layer.uppers, layer.order = 1, None, step.order
-    stack.layers.append(layer)
-    ledger.layers.append(layer)
-    if kind == "instance":  # its own dict, written directly (what an instance gets is bound to it: held weakly)
-        layer.installed = weak_or_id(installed)
-        if current is not ABSENT and (installed is current or getattr(installed, "__wrapped__", None) is current):
-            held = weak_or_id(current)
-            if type(held) is Ref:
-                layer.original = WeakOriginal(held)
-        if installed is ABSENT:  # a delete
-            holder.__dict__.pop(attr, None)
-        else:
-            holder.__dict__[attr] = installed
-    else:
-        layer.installed = installed
-        _write(step, holder, layer, ledger, installed, current)
-    if step.calls and current is ABSENT:  # a wrap calls what its class stores there:
-        below = _inherited(holder, attr, kind)  # a layer installed there is released after it
-        if below is not None:
-            below.uppers = [u for u in below.uppers or () if u.count > 0]
-            below.uppers.append(layer)
 
 
 def _write(step: Step, holder: Any, layer: Layer, ledger: Report, installed: Any, current: Any) -> None:
@@ -440,8 +432,14 @@ def _unrecord(layer: Layer, ledger: Report) -> None:
 
 
 def release(ledger: Report) -> int:
-    """Release one user of every layer ``ledger`` still holds, last taken first (under the lock); all or nothing:
-    the ownership rule is checked for all before any is restored. How many originals came back."""
+    """The one release loop: one user of every layer ``ledger`` still holds, last taken first (under the lock); all
+    or nothing: the ownership rule (:func:`check_release`) is checked for all before any changes. How many originals
+    came back.
+
+    The restore: a layer whose last user goes puts back exactly what it displaced (written again where someone put
+    it back already, which changes nothing), then leaves its stack; an interrupt before that loses nothing (a
+    retry restores). A dict patch's mapping gets its keys back in the order they had (as ``mock.patch.dict``'s).
+    """
     if ledger.released:
         return 0
     if ledger.waiting:
@@ -457,56 +455,50 @@ def release(ledger: Report) -> int:
         layer = taken[todo]
         count = layer.count
         if count == 1:
+            stack = layer.stack
+            holder = stack.ref()
+            if holder is not None:
+                original = layer.original
+                if type(original) is WeakOriginal:
+                    original = layer.displaced()
+                    if original is GONE:  # the check saw our install there, which keeps it alive: cannot be
+                        msg = f"patchreg lost the original of {stack.where} (patch {layer.patch.name!r})."
+                        raise PatchOwnershipError(msg, patch=layer.patch, target=layer.patch.target)
+                kind = stack.kind
+                if kind == "instance":  # its own dict
+                    if original is ABSENT:
+                        holder.__dict__.pop(stack.attr, None)
+                    else:
+                        holder.__dict__[stack.attr] = original
+                else:
+                    put_back(kind, holder, stack.attr, original)
+                    if stack.checked and not same(kind, stack.current(), original):  # a __setattr__ stored another
+                        put_back(kind, holder, stack.attr, original, raw=True)
+                restored += 1
+            on = stack.layers
+            if on[-1] is layer:
+                on.pop()
+            else:
+                on.remove(layer)
             if layer.order is not None:
-                orders = [*(orders or ()), (layer.stack.ref(), layer.order)]
-            restored += restore(layer, debug)
+                orders = [*(orders or ()), (holder, layer.order)]
+            layer.count = 0  # (as _forget: a layer gone counts no user, keeps no original)
+            layer.original = None
+            if debug:
+                log.debug("patchreg: restored %s (%s)", stack.where, layer.patch.name)
+            if not on and type(stack.ref) is _Strong:  # a mapping held strongly: let it go, keep its name
+                stack.title = stack.label
+                stack.ref = _gone
+                _DEAD.append(None)
         elif count > 1:
             layer.count = count - 1
         ledger.unwound += 1
     ledger.released = True
-    if orders:  # a dict patch's keys back in the order they had (mock.patch.dict's restore keeps it)
+    if orders:
         for mapping, order in orders:
             if mapping is not None:
                 reorder(mapping, order)
     return restored
-
-
-def restore(layer: Layer, debug: bool = False) -> int:
-    """The restore rule: put back exactly what ``layer`` displaced (its release was checked), then take it off its
-    stack; 1 if an original came back (0: its holder died)."""
-    stack = layer.stack
-    holder = stack.ref()
-    if holder is not None:
-        original = layer.original
-        if type(original) is WeakOriginal:
-            original = layer.displaced()
-            if original is GONE:  # the check said the attribute holds our install, which keeps it alive: cannot be
-                msg = f"patchreg lost the original of {stack.where} (patch {layer.patch.name!r})."
-                raise PatchOwnershipError(msg, patch=layer.patch, target=layer.patch.target)
-        kind = stack.kind
-        if kind == "instance":  # its own dict (writing it again where someone put it back changes nothing)
-            if original is ABSENT:
-                holder.__dict__.pop(stack.attr, None)
-            else:
-                holder.__dict__[stack.attr] = original
-        else:
-            put_back(kind, holder, stack.attr, original)
-            if stack.checked and not same(kind, stack.current(), original):  # a __setattr__ stored another
-                put_back(kind, holder, stack.attr, original, raw=True)
-    layers = stack.layers  # forgotten after the restore: an interrupt before loses nothing (a retry restores)
-    if layers[-1] is layer:
-        layers.pop()
-    else:
-        layers.remove(layer)
-    layer.count = 0  # (as _forget: a layer gone counts no user, keeps no original)
-    layer.original = None
-    if debug:
-        log.debug("patchreg: restored %s (%s)", stack.where, layer.patch.name)
-    if not layers and type(stack.ref) is _Strong:  # a mapping held strongly: let it go, keep its name
-        stack.title = stack.label
-        stack.ref = _gone
-        _DEAD.append(None)
-    return 1 if holder is not None else 0
 
 
 # -- the rules the loops apply -----------------------------------------------------------------------
@@ -546,39 +538,43 @@ def check_release(layers: Sequence[Layer], repeats: bool = True) -> None:
     """
     users: dict[Layer, int] | None = {} if repeats else None
     gone: dict[Stack, int] | None = None  # per stack, how many of its top layers this batch releases before
-    for index, layer in enumerate(layers):
-        if users is None:
-            left = layer.count - 1
-        else:
-            left = users[layer] = users.get(layer, layer.count) - 1
+    for layer in layers:
+        count = layer.count
+        if users is not None:
+            count = users.get(layer, count)
+            users[layer] = count - 1
+        if count != 1:  # still shared, or released already
+            continue
         stack = layer.stack
         holder = stack.ref()
-        if left != 0 or holder is None:  # still shared, or released already, or its holder died
+        if holder is None:  # its holder died: nothing to restore
             continue
         if layer.uppers:
-            _check_uppers(layer, users if users is not None else {la: la.count - 1 for la in layers[:index]})
+            _check_uppers(layer, layers, users)
+        on = stack.layers
         done = gone.get(stack, 0) if gone else 0
-        layers_on = stack.layers
-        top = layers_on[-1 - done] if done < len(layers_on) else None
+        top = on[-1 - done] if done < len(on) else None
         if top is not layer:
             over = None if top is None else (top.patch.name, top.owner is not layer.owner)
-            raise PatchOwnershipError(
-                covered(layer.patch.name, stack.where, over), patch=layer.patch, target=layer.patch.target
-            )
+            msg = covered(layer.patch.name, stack.where, over)
+            raise PatchOwnershipError(msg, patch=layer.patch, target=layer.patch.target)
         if not done:
             kind = stack.kind
             current = (holder if kind == "item" else holder.__dict__).get(stack.attr, ABSENT)
             if not layer.owns(current) and not same(kind, current, layer.displaced()):
                 msg = not_ours(layer.patch.name, stack.where, current)
                 raise PatchOwnershipError(msg, patch=layer.patch, target=layer.patch.target)
-        if len(layers_on) > 1:  # another layer of this batch may be on it
-            gone = gone if gone is not None else {}
+        if len(on) > 1:  # another layer of this batch may be on it
+            if gone is None:
+                gone = {}
             gone[stack] = done + 1
 
 
-def _check_uppers(layer: Layer, users: dict[Layer, int]) -> None:
+def _check_uppers(layer: Layer, layers: Sequence[Layer], users: dict[Layer, int] | None) -> None:
     """No install that calls ``layer``'s (a wrap over it on a subclass or an instance) is left by this batch
-    (``users``: the users left of the layers released before it in the batch)."""
+    (``users``: the users left of the layers released before it in the batch, when counted)."""
+    if users is None:
+        users = {la: la.count - 1 for la in layers[: layers.index(layer)]}
     for upper in layer.uppers or ():
         left = users.get(upper, upper.count)
         if left > 0 and upper.stack.ref() is not None:

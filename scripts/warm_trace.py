@@ -4,7 +4,9 @@ exit on the benchmarks' tiny GPTModel and HybridModel, one and three MTP layers,
 
 Traced with ``sys.setprofile``; per model two lines, cold and warm: the calls and their modules, then the warm
 calls in order. Both run the same install loop (``take``) and release loop (``release``); the cold one resolves
-first (``make_plan``). The architecture guide quotes it.
+first (``make_plan``). Then where a warm cycle's work goes, counted (``sys.monitoring``: the bytecode instructions
+each function executes, deterministic on a busy machine), beside MonkeyPatch's on the same attributes and the
+bench's floor. The architecture and performance guides quote it.
 """
 
 from __future__ import annotations
@@ -50,12 +52,52 @@ def trace(model: Any, label: str) -> None:
     print("    warm, in order:", " ".join(f for _m, f in warm))
 
 
+def bytecodes(op: Any, rounds: int = 10) -> tuple[int, list[tuple[str, int]]]:
+    """Bytecode instructions one call of ``op`` executes, and per function (most first)."""
+    mon = sys.monitoring
+    tool = 3
+    counts: collections.Counter[str] = collections.Counter()
+
+    def seen(code: Any, offset: int) -> None:
+        counts[f"{code.co_qualname} ({Path(code.co_filename).name})"] += 1
+
+    mon.use_tool_id(tool, "warm_trace")
+    try:
+        mon.register_callback(tool, mon.events.INSTRUCTION, seen)
+        mon.set_events(tool, mon.events.INSTRUCTION)
+        for _ in range(rounds):
+            op()
+        mon.set_events(tool, 0)
+    finally:
+        mon.free_tool_id(tool)
+    return sum(counts.values()) // rounds, [(k, v // rounds) for k, v in counts.most_common()]
+
+
+def where_it_goes(model: Any, label: str) -> None:
+    from benchmarks._sides import _floor_cycle, _monkeypatch_cycle, _patchreg_cycle, installed_sites, targets_at
+
+    sites = installed_sites(model)
+    sides = {
+        "mtp_patched": _patchreg_cycle(model),
+        "MonkeyPatch": _monkeypatch_cycle(model, targets=targets_at(model, sites)),
+        "floor": _floor_cycle(model, targets=targets_at(model, sites)),
+    }
+    for op in sides.values():
+        for _ in range(3):
+            op()
+    found = {name: bytecodes(op) for name, op in sides.items()}
+    print(f"{label}, a warm cycle's bytecode instructions: " + ", ".join(f"{n} {t}" for n, (t, _f) in found.items()))
+    print("    ours per function:", "; ".join(f"{f} {n}" for f, n in found["mtp_patched"][1][:12]))
+
+
 def main() -> int:
     warnings.filterwarnings("ignore")
     from benchmarks import _hybrid, _model
 
     for layers in (1, 3):
         trace(_model.build(layers), f"GPTModel, {layers} MTP layer(s)")
+    if sys.version_info >= (3, 12):
+        where_it_goes(_model.build(1), "GPTModel, 1 MTP layer")
     if _hybrid.available():
         for layers in (1, 3):
             trace(_hybrid.build(layers), f"HybridModel, {layers} MTP layer(s)")
