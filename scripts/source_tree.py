@@ -11,7 +11,7 @@ environment it starts from:
 - :func:`unpack` unpacks a snapshot (``.tar.gz``), a wheel or an sdist into a directory to put first on
   ``PYTHONPATH`` (a wheel without its ``.dist-info`` unless ``metadata=True``);
 - :func:`wheel` downloads a wheel once (``pip download --no-deps``) into a cache directory;
-- :func:`snapshot` finds a Megatron-LM snapshot (``../shared/upstream``, or ``PATCHREG_UPSTREAM``);
+- :func:`snapshot` finds a Megatron-LM snapshot (:data:`PLACES`: ``$PATCHREG_UPSTREAM_DIR``, ``../shared/upstream``);
 - :func:`run` runs that python with a tree (and the repository) on ``PYTHONPATH``.
 
 Command line (for a CI lane)::
@@ -39,15 +39,29 @@ from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parents[1]
 
-__all__ = ["REPO", "run", "snapshot", "unpack", "venv_without", "wheel"]
+__all__ = ["PLACES", "REPO", "run", "snapshot", "unpack", "upstream", "venv_without", "wheel"]
 
-#: Where the Megatron-LM source snapshots are (``PATCHREG_UPSTREAM`` overrides): test data, never in the repo.
-UPSTREAM = Path(os.environ.get("PATCHREG_UPSTREAM", REPO.parent / "shared" / "upstream"))
+#: Where the Megatron-LM source snapshots may be, in order: ``$PATCHREG_UPSTREAM_DIR``, ``<repo>/../shared/upstream``,
+#: ``/work/shared/upstream``. Test data, never in the repo.
+PLACES = [
+    *([Path(os.environ["PATCHREG_UPSTREAM_DIR"])] if os.environ.get("PATCHREG_UPSTREAM_DIR") else []),
+    REPO.parent / "shared" / "upstream",
+    Path("/work/shared/upstream"),
+]
+
+
+def upstream() -> Path | None:
+    """The first of :data:`PLACES` that holds both Megatron-LM snapshots (main and dev), or None."""
+    for place in PLACES:
+        if all(sorted(place.glob(f"megatron-lm-{branch}-*.tar.gz")) for branch in ("main", "dev")):
+            return place
+    return None
 
 
 def snapshot(branch: str) -> Path | None:
-    """The Megatron-LM snapshot archive of ``branch`` (``main``, ``dev``) in :data:`UPSTREAM`, or None."""
-    found = sorted(UPSTREAM.glob(f"megatron-lm-{branch}-*.tar.gz"))
+    """The Megatron-LM snapshot archive of ``branch`` (``main``, ``dev``) in :func:`upstream`, or None."""
+    place = upstream()
+    found = sorted(place.glob(f"megatron-lm-{branch}-*.tar.gz")) if place is not None else []
     return found[-1] if found else None
 
 
@@ -183,6 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("archive", type=Path)
     p.add_argument("dest", type=Path)
     p.add_argument("--metadata", action="store_true", help="keep a wheel's .dist-info")
+    sub.add_parser("upstream", help="print the folder that holds both Megatron-LM snapshots (exit 1: none does)")
     p = sub.add_parser("wheel", help="download a wheel once into a cache directory; prints its path")
     p.add_argument("requirement")
     p.add_argument("--cache", type=Path, default=REPO / ".cache" / "wheels")
@@ -191,6 +206,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(venv_without(args.without, args.dest.resolve()))
     elif args.command == "unpack":
         print(unpack(args.archive, args.dest.resolve(), metadata=args.metadata))
+    elif args.command == "upstream":
+        found = upstream()
+        if found is None:
+            return 1
+        print(found.resolve())
     else:
         print(wheel(args.requirement, args.cache))
     return 0

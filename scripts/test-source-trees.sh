@@ -28,15 +28,10 @@ mkdir -p "$WORK" "$OUT"
 
 say() { printf '%s\n' "$*" >&2; }
 
-upstream_dir() {  # the first of the places that holds both Megatron-LM snapshots
-    local dir
-    for dir in "${PATCHREG_UPSTREAM_DIR:-}" "$ROOT/../shared/upstream" /work/shared/upstream; do
-        [ -n "$dir" ] || continue
-        if compgen -G "$dir/megatron-lm-main-*.tar.gz" >/dev/null && compgen -G "$dir/megatron-lm-dev-*.tar.gz" >/dev/null; then
-            (cd "$dir" && pwd)
-            return 0
-        fi
-    done
+upstream_dir() {  # the first of the places that holds both Megatron-LM snapshots (scripts/source_tree.py's PLACES)
+    if "$PY" "$ROOT/scripts/source_tree.py" upstream; then
+        return 0
+    fi
     say "test-source-trees: no Megatron-LM snapshots (megatron-lm-main-*.tar.gz and megatron-lm-dev-*.tar.gz) in"
     say "  \$PATCHREG_UPSTREAM_DIR (${PATCHREG_UPSTREAM_DIR:-unset}), $ROOT/../shared/upstream or /work/shared/upstream;"
     say "  set PATCHREG_UPSTREAM_DIR to the folder that holds them. The lane does not skip a tree."

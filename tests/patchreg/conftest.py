@@ -54,7 +54,7 @@ def megatron_tree(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Pat
             cache = REPO / ".cache" / "wheels"
             archive = archive_of(which) if which in ("main", "dev") else wheel(f"megatron-core=={which}", cache)
             if archive is None:
-                pytest.skip(f"no Megatron-LM {which} snapshot in ../shared/upstream: set PATCHREG_UPSTREAM to its folder")
+                pytest.skip(f"no Megatron-LM {which} snapshot in ../shared/upstream: set PATCHREG_UPSTREAM_DIR to its folder")
             made[which, metadata] = unpack(archive, tmp_path_factory.mktemp(f"tree-{which}"), metadata=metadata)
         return made[which, metadata]
 
