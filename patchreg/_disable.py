@@ -14,7 +14,6 @@ naming the variable, rather than silently running upstream's code.
 
 from __future__ import annotations
 
-import difflib
 import logging
 import os
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -149,6 +148,8 @@ def near(unknown: Iterable[str], known: Sequence[str]) -> dict[str, str]:
 
 
 def _closest(name: str, known: Sequence[str], cutoff: float = 0.75) -> str:
+    import difflib  # (here: only a name that matches nothing needs it, and import patchreg stays as light)
+
     matches = difflib.get_close_matches(name, known, n=1, cutoff=cutoff)
     return matches[0] if matches else ""
 
