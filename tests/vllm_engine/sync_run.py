@@ -12,6 +12,7 @@ the caller's pipe).
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import json
 import os
@@ -171,6 +172,23 @@ class SyncFromFile:
         return _drafter_equals(self, path)
 
 
+async def _acceptance(generate: Callable[..., Awaitable[Any]]) -> dict[str, float]:
+    """The acceptance rate of each known prompt, generated now."""
+    from patches.vllm import spec_decode_stats
+
+    kinds = list(KNOWN_PROMPTS)
+    outs = await generate([token_prompt(KNOWN_PROMPTS[k]) for k in kinds])
+    return {k: spec_decode_stats(o).acceptance_rate for k, o in zip(kinds, outs, strict=True)}
+
+
+async def _status(engine: Any, require_sync: bool = False) -> Any:
+    """The drafter's status, as plain data (an AsyncLLM's awaited)."""
+    from patches.vllm import drafter_status
+
+    found = drafter_status(engine, require_sync=require_sync)
+    return _plain(await found if asyncio.iscoroutine(found) else found)
+
+
 async def _step(result: dict[str, Any], key: str, coro: Awaitable[Any]) -> Any:
     try:
         value = await coro
@@ -186,19 +204,13 @@ async def _scenario(spec: dict[str, Any], engine: Any, rpc: Rpc, generate: Calla
         return await _load_scenario(spec, engine, rpc, generate)
     if spec.get("path") == "sessions":
         return await _session_scenario(spec, engine, rpc, generate)
-    from patches.vllm import drafter_status, spec_decode_stats
 
     known, random = Path(spec["known"]), Path(spec["random"])
     result: dict[str, Any] = {"pid": os.getpid(), "main_patches": _main_process_patches()}
 
-    async def acceptance() -> dict[str, float]:
-        kinds = list(KNOWN_PROMPTS)
-        outs = await generate([token_prompt(KNOWN_PROMPTS[k]) for k in kinds])
-        return {k: spec_decode_stats(o).acceptance_rate for k, o in zip(kinds, outs, strict=True)}
+    acceptance = functools.partial(_acceptance, generate)
 
-    async def status(require_sync: bool = False) -> Any:
-        found = drafter_status(engine, require_sync=require_sync)
-        return _plain(await found if asyncio.iscoroutine(found) else found)
+    status = functools.partial(_status, engine)
 
     async def sync(**kwargs: Any) -> str:
         await rpc("reload_weights", kwargs=kwargs)
@@ -231,19 +243,13 @@ async def _scenario(spec: dict[str, Any], engine: Any, rpc: Rpc, generate: Calla
 
 async def _load_scenario(spec: dict[str, Any], engine: Any, rpc: Rpc, generate: Callable[..., Awaitable[Any]]) -> dict:
     """Syncs by the target's ``load_weights`` (a worker extension, as verl does): known, random, known again."""
-    from patches.vllm import drafter_status, spec_decode_stats
 
     known, random = spec["known"], spec["random"]
     result: dict[str, Any] = {"pid": os.getpid(), "main_patches": _main_process_patches()}
 
-    async def acceptance() -> dict[str, float]:
-        kinds = list(KNOWN_PROMPTS)
-        outs = await generate([token_prompt(KNOWN_PROMPTS[k]) for k in kinds])
-        return {k: spec_decode_stats(o).acceptance_rate for k, o in zip(kinds, outs, strict=True)}
+    acceptance = functools.partial(_acceptance, generate)
 
-    async def status() -> Any:
-        found = drafter_status(engine, require_sync=False)
-        return _plain(await found if asyncio.iscoroutine(found) else found)
+    status = functools.partial(_status, engine)
 
     await _step(result, "acceptance_start", acceptance())
     for step, path in (("known", known), ("random", random), ("known2", known)):
@@ -273,19 +279,13 @@ async def _session_scenario(
     spec: dict[str, Any], engine: Any, rpc: Rpc, generate: Callable[..., Awaitable[Any]]
 ) -> dict[str, Any]:
     """vLLM's weight-transfer sessions (the CPU file engine), reload_weights around them, and level 2 sleep."""
-    from patches.vllm import drafter_status, spec_decode_stats
 
     known, random = spec["known"], spec["random"]
     result: dict[str, Any] = {"pid": os.getpid(), "main_patches": _main_process_patches()}
 
-    async def acceptance() -> dict[str, float]:
-        kinds = list(KNOWN_PROMPTS)
-        outs = await generate([token_prompt(KNOWN_PROMPTS[k]) for k in kinds])
-        return {k: spec_decode_stats(o).acceptance_rate for k, o in zip(kinds, outs, strict=True)}
+    acceptance = functools.partial(_acceptance, generate)
 
-    async def status() -> Any:
-        found = drafter_status(engine, require_sync=False)
-        return _plain(await found if asyncio.iscoroutine(found) else found)
+    status = functools.partial(_status, engine)
 
     async def session(draft: bool, path: str, only: str = "") -> str:
         await rpc("start_draft_weight_update" if draft else "start_weight_update")
