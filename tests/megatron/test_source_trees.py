@@ -298,7 +298,12 @@ def test_a_callee_requiring_what_todays_patches_do_not_pass_is_refused_at_entry(
 
     owner, attr = callee.split(".")
     function = getattr(getattr(mtp, owner, None), attr, None)
-    if function is None or (names == "_TRACKED" and hasattr(mtp.MTPLossLoggingHelper, "save_metrics_to_tracker")):
+    layer_inputs = inspect.signature(mtp.MultiTokenPredictionLayer.forward).parameters
+    if (
+        function is None
+        or (names == "_TRACKED" and hasattr(mtp.MTPLossLoggingHelper, "save_metrics_to_tracker"))
+        or (names == "_BLOCK_INPUTS" and "decoder_input" in layer_inputs)  # 0.13: the patches drive the layers
+    ):
         pytest.skip(f"megatron-core {MCORE}: today's patches call no {callee} here")
     required = [n for n, p in inspect.signature(function).parameters.items() if p.default is p.empty and n != "self"]
     module = importlib.import_module(where)
