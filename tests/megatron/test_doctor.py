@@ -16,6 +16,19 @@ pytest.importorskip("megatron.core", reason="megatron-core is not installed")
 mcore = Version(Version(str(patchreg.provider("megatron-core").version)).base_version)  # the code imported
 
 
+#: Megatron-LM's main (0.20.0) and dev (0.19.0) snapshots, imported from a tree: their MTP bodies were never
+#: verified (doctor --against names the diffs, tests/patchreg/test_audit.py), so doctor says they drifted and exits 1.
+SNAPSHOT = patchreg.provider("megatron-core").source is not None and str(mcore) in ("0.20.0", "0.19.0")
+
+
+def fine(status: int, rows: dict[str, dict[str, object]]) -> bool:
+    """doctor's exit status is 0; on a snapshot, 1 with an upstream body drifted as the only thing wrong."""
+    drifted = {k for k, r in rows.items() if not r["body_ok"]}
+    if SNAPSHOT and drifted:
+        return status == 1 and all(r["install"] or not r["needed"] for r in rows.values())
+    return status == 0 and not drifted
+
+
 def doctor(*names: str) -> tuple[int, dict[str, dict[str, object]]]:
     """Run `doctor --json` in-process; return the exit status and the rows keyed by set.patch."""
     out = io.StringIO()
@@ -44,7 +57,7 @@ def test_doctor_answers_per_release() -> None:
         assert "_get_embeddings does not exist" in str(emb["reason"])
         assert ckpt["needed"] is False and "no MTP recompute on this release" in str(ckpt["reason"])
         return
-    assert status == 0
+    assert fine(status, rows), rows
     assert emb["install"] is not native()
     if mcore >= Version("0.19"):
         assert (ckpt["install"], ckpt["needed"]) == (False, False)
@@ -94,7 +107,7 @@ def test_doctor_on_the_fixups() -> None:
     status, rows = doctor("megatron-mtp-fixups")
     roll = rows["megatron-mtp-fixups.packed_padded_roll"]
     gpt = rows["megatron-mtp-fixups.packed_padded_roll_gpt"]
-    assert status == 0, rows
+    assert fine(status, rows), rows
     if mcore < Version("0.16"):
         assert (roll["install"], roll["needed"]) == (False, False)
         assert "no packed roll" in str(roll["reason"])
