@@ -6,7 +6,8 @@ Traced with ``sys.setprofile``; per model two lines, cold and warm: the calls an
 calls in order. Both run the same install loop (``take``) and release loop (``release``); the cold one resolves
 first (``make_plan``). Then where a warm cycle's work goes, counted (``sys.monitoring``: the bytecode instructions
 each function executes, deterministic on a busy machine), beside MonkeyPatch's on the same attributes and the
-bench's floor. The architecture and performance guides quote it.
+bench's floor, and the same cycle timed in pieces (the block, the engine's apply + revert, the install loop, the
+ownership check, the release loop). The architecture and performance guides quote it.
 """
 
 from __future__ import annotations
@@ -90,6 +91,67 @@ def where_it_goes(model: Any, label: str) -> None:
     print("    ours per function:", "; ".join(f"{f} {n}" for f, n in found["mtp_patched"][1][:12]))
 
 
+def _median_ns(op: Any, number: int = 3000, repeat: int = 9) -> float:
+    import statistics
+    import timeit
+
+    return statistics.median(timeit.repeat(op, number=number, repeat=repeat)) / number * 1e9
+
+
+def where_the_time_goes(model: Any, label: str) -> None:
+    """The warm cycle timed in pieces (medians, tight loop): the whole block, the block made but not entered, the
+    engine's apply + revert, and inside it the install loop, the ownership check and the release loop (which runs the
+    check again), each timed alone around one call on the block's own steps."""
+    import time
+
+    import patchreg
+    from benchmarks._sides import _floor_cycle, _monkeypatch_cycle, _patchreg_cycle, installed_sites, targets_at
+    from patches.megatron.mtp import MTPBlock
+    from patchreg._ledger import Report
+    from patchreg._plans import work
+    from patchreg._state import LOCK, check_release, release, take
+
+    registry, block = patchreg.registry, MTPBlock(model, True)
+    patch_set = block.patch_set
+
+    def engine() -> None:
+        registry.revert(registry.apply(patch_set, model))
+
+    sites = installed_sites(model)
+    sides = {
+        "mtp_patched": _patchreg_cycle(model),
+        "MTPBlock(model) made, not entered": lambda: MTPBlock(model, True),
+        "registry.apply + revert": engine,
+        "MonkeyPatch, like for like": _monkeypatch_cycle(model, targets=targets_at(model, sites)),
+        "floor": _floor_cycle(model, targets=targets_at(model, sites)),
+    }
+    for op in sides.values():
+        for _ in range(200):
+            op()
+    found = {name: _median_ns(op) / 1000 for name, op in sides.items()}
+    book = registry._book
+    plan = book.plan_for(patch_set, model)
+    steps, skipped = work(book, plan, model, None)
+    clock, n = time.perf_counter_ns, 20000
+    spent = [0, 0, 0]
+    for _ in range(n):
+        report = Report(registry, plan.name, skipped)
+        with LOCK:
+            t0 = clock()
+            take(book, steps, report)
+            t1 = clock()
+            check_release(report.layers[::-1], False)
+            t2 = clock()
+            release(report)
+            t3 = clock()
+        spent[0], spent[1], spent[2] = spent[0] + t1 - t0, spent[1] + t2 - t1, spent[2] + t3 - t2
+    loops = {"install loop (take)": spent[0], "ownership check (check_release)": spent[1]}
+    loops["release loop (release, check included)"] = spent[2]
+    print(f"{label}, a warm cycle in pieces (µs, medians, tight loop):")
+    print("    " + "; ".join(f"{name} {us:.2f}" for name, us in found.items()))
+    print("    " + "; ".join(f"{name} {total / n / 1000:.2f}" for name, total in loops.items()))
+
+
 def main() -> int:
     warnings.filterwarnings("ignore")
     from benchmarks import _hybrid, _model
@@ -98,6 +160,7 @@ def main() -> int:
         trace(_model.build(layers), f"GPTModel, {layers} MTP layer(s)")
     if sys.version_info >= (3, 12):
         where_it_goes(_model.build(1), "GPTModel, 1 MTP layer")
+        where_the_time_goes(_model.build(1), "GPTModel, 1 MTP layer")
     if _hybrid.available():
         for layers in (1, 3):
             trace(_hybrid.build(layers), f"HybridModel, {layers} MTP layer(s)")
