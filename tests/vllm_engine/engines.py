@@ -146,6 +146,12 @@ def run_all(run: Callable[[str], dict[str, Any]], names: Iterable[str]) -> dict[
         return {name: f.result() for name, f in futures.items()}
 
 
+def by_range(acceptance: dict[str, float]) -> bool:
+    """Acceptance that follows the known checkpoint's byte ranges: every draft accepted on the full range, none on
+    the never range, some on the partial one (the drafter holds the known weights)."""
+    return acceptance["full"] == 1.0 and acceptance["never"] == 0.0 and 0.3 < acceptance["partial"] < 0.7
+
+
 def one_record(status: Any) -> dict[str, Any]:
     """The one worker's record of a ``collective_rpc`` answer (a list with one entry per worker)."""
     assert isinstance(status, list) and len(status) == 1, status

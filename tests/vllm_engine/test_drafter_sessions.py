@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.vllm_engine.engines import one_record, run_all, run_sync
+from tests.vllm_engine.engines import by_range, one_record, run_all, run_sync
 
 pytestmark = pytest.mark.timeout(2400)
 
@@ -33,7 +33,12 @@ SCENARIOS: dict[str, tuple[str, str]] = {"sessions": (SET, "1"), "sessions-chann
 
 def _run(name: str, root: Path, checkpoints: dict[str, Path]) -> dict[str, Any]:
     sets, mp = SCENARIOS[name]
-    spec = {"engine": "llm", "path": "sessions", "known": str(checkpoints["known"]), "random": str(checkpoints["random"])}
+    spec = {
+        "engine": "llm",
+        "path": "sessions",
+        "known": str(checkpoints["known"]),
+        "random": str(checkpoints["random"]),
+    }
     return run_sync(name, root, spec, sets, mp)
 
 
@@ -42,10 +47,6 @@ def runs(checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory)
     """Both scenarios' results, the engines run side by side in fresh processes."""
     root = tmp_path_factory.mktemp("drafter-sessions")
     return run_all(lambda name: _run(name, root, checkpoints), SCENARIOS)
-
-
-def _by_range(acceptance: dict[str, float]) -> bool:
-    return acceptance["full"] == 1.0 and acceptance["never"] == 0.0 and 0.3 < acceptance["partial"] < 0.7
 
 
 def _mtp_equal(run: dict[str, Any], step: str) -> bool:
@@ -78,7 +79,7 @@ def test_the_draft_session_syncs_the_drafter_and_is_credited(runs: dict[str, Any
     """vLLM's draft session writes the drafter once: acceptance 1.0 / 0.0 / about 0.5, the drafter equal to known,
     and the status in sync with one drafter sync from 'draft weight transfer'."""
     run = runs[name]
-    assert _by_range(run["acceptance_draft_session"]) and _mtp_equal(run, "draft_session")
+    assert by_range(run["acceptance_draft_session"]) and _mtp_equal(run, "draft_session")
     status = one_record(run["status_draft_session"])
     assert status["in_sync"] and status["stale"] == [] and status["stale_model"] is None, status
     assert (status["drafter_syncs"], status["source"]) == (1, "draft weight transfer")
@@ -101,7 +102,7 @@ def test_a_reload_not_followed_by_a_draft_session_makes_the_next_one_sync(runs: 
     after it syncs the drafter again: acceptance by range, in sync."""
     run = runs["sessions"]
     assert run["acceptance_reload_known"]["full"] <= 0.1 and not one_record(run["status_reload_known"])["in_sync"]
-    assert _by_range(run["acceptance_reload_known_again"]) and _mtp_equal(run, "reload_known_again")
+    assert by_range(run["acceptance_reload_known_again"]) and _mtp_equal(run, "reload_known_again")
     status = one_record(run["status_reload_known_again"])
     assert status["in_sync"] and status["source"].startswith("path"), status
 
@@ -123,13 +124,15 @@ def test_a_level2_discard_names_the_drafter_stale(runs: dict[str, Any], name: st
     run = runs[name]
     assert [len(names) for names in run["discard"]] == [DRAFTER_TENSORS]  # one worker
     status = one_record(run["status_discard"])
-    assert len(status["stale"]) == DRAFTER_TENSORS and status["stale_model"] == "drafter" and "#52479" in status["error"]
+    assert (
+        len(status["stale"]) == DRAFTER_TENSORS and status["stale_model"] == "drafter" and "#52479" in status["error"]
+    )
 
 
 def test_reload_weights_after_the_discard_restores_the_drafter(runs: dict[str, Any]) -> None:
     """With the set, reload_weights from known after the discard restores the drafter: by range, in sync."""
     run = runs["sessions"]
-    assert run["reload_after_discard"] == "ok" and _by_range(run["acceptance_reload_after_discard"])
+    assert run["reload_after_discard"] == "ok" and by_range(run["acceptance_reload_after_discard"])
     assert _mtp_equal(run, "reload_after_discard") and one_record(run["status_reload_after_discard"])["in_sync"]
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.vllm_engine.engines import REPO, one_record, run_all, run_sync
+from tests.vllm_engine.engines import REPO, by_range, one_record, run_all, run_sync
 
 # The module's engines start in its first test's setup: about 4 minutes on a quiet 2-core machine, much more
 # on a shared one; pytest-timeout's default (600 s per test) would cut that setup short.
@@ -92,7 +92,7 @@ def test_reload_from_path_syncs_the_drafter(runs: dict[str, Any], name: str) -> 
     run = runs[name]
     assert run["sync_path"] == "ok", run["sync_path"]
     acceptance = run["acceptance_path"]
-    assert acceptance["full"] == 1.0 and acceptance["never"] == 0.0 and 0.3 < acceptance["partial"] < 0.7
+    assert by_range(acceptance)
     status = one_record(run["status_path"])
     assert status["in_sync"] and status["stale"] == [] and status["stale_model"] is None
     assert (status["target_syncs"], status["drafter_syncs"], status["drafter_tensors"]) == (1, 1, DRAFTER_TENSORS)
@@ -105,7 +105,7 @@ def test_reload_from_a_one_pass_iterator_syncs_the_drafter(runs: dict[str, Any],
     run = runs[name]
     assert run["sync_iter_random"] == ["ok"] and run["sync_iter_known"] == ["ok"]
     acceptance = run["acceptance_iter_known"]
-    assert acceptance["full"] == 1.0 and acceptance["never"] == 0.0 and 0.3 < acceptance["partial"] < 0.7
+    assert by_range(acceptance)
     for key, syncs in (("status_iter_random", 2), ("status_iter_known", 3)):
         status = one_record(run[key])
         assert status["in_sync"] and (status["target_syncs"], status["drafter_syncs"]) == (syncs, syncs)

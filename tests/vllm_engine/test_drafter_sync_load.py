@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.vllm_engine.engines import one_record, run_all, run_sync
+from tests.vllm_engine.engines import by_range, one_record, run_all, run_sync
 
 pytestmark = pytest.mark.timeout(2400)
 
@@ -54,10 +54,6 @@ def runs(mimo_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFac
     return run_all(lambda name: _run(name, root, mimo_checkpoints), SCENARIOS)
 
 
-def _by_range(acceptance: dict[str, float]) -> bool:
-    return acceptance["full"] == 1.0 and acceptance["never"] == 0.0 and 0.3 < acceptance["partial"] < 0.7
-
-
 @pytest.mark.parametrize("name", [*WITH_SET, *WITHOUT_SET])
 def test_the_known_checkpoint_accepts_by_range_from_the_start(runs: dict[str, Any], name: str) -> None:
     """Before any sync the engine runs random (full near 0); every load_weights sync itself succeeds."""
@@ -70,7 +66,7 @@ def test_the_known_checkpoint_accepts_by_range_from_the_start(runs: dict[str, An
 def test_load_weights_syncs_the_drafter(runs: dict[str, Any], name: str) -> None:
     """With the set, a target load_weights of known gives acceptance 1.0 / 0.0 / about 0.5, then again after random."""
     run = runs[name]
-    assert _by_range(run["acceptance_load_known"]) and _by_range(run["acceptance_load_known2"])
+    assert by_range(run["acceptance_load_known"]) and by_range(run["acceptance_load_known2"])
     assert run["acceptance_load_random"]["full"] <= 0.1
     assert LOAD_PATCH in {p for p, _state in run["main_patches"]}
 
@@ -117,7 +113,7 @@ def test_a_framework_that_loads_the_drafter_itself_reads_in_sync(runs: dict[str,
     status, with the set (which then reloads the drafter once more) and with the channel set only."""
     run = runs[name]
     assert run["sync_both_random"] == ["ok"] and run["sync_both_known"] == ["ok"]
-    assert _by_range(run["acceptance_both_known"])
+    assert by_range(run["acceptance_both_known"])
     status = one_record(run["status_both_known"])
     assert status["in_sync"] and status["stale"] == [] and status["drafter_syncs"] >= 1, status
 
@@ -137,7 +133,7 @@ def test_a_bare_load_weights_of_the_mtp_layer_syncs_the_drafter(runs: dict[str, 
     """A bare target load_weights carrying the MTP layer (a bucket of its own) reloads the drafter right after it."""
     run = runs[name]
     assert run["sync_mtp_bare"] == ["ok"]
-    assert _by_range(run["acceptance_mtp_bare"])
+    assert by_range(run["acceptance_mtp_bare"])
     status = one_record(run["status_mtp_bare"])
     assert status["in_sync"] and status["stale"] == [] and status["source"] == "target load_weights", status
 
