@@ -185,10 +185,11 @@ NO_ROUTE = "today's patches (this release has no native route)"
 UPSTREAM_BY_HAND = "upstream's RL mode by hand, no patch (mtp_detach_heads set once, labels=None)"
 
 
-def _native_route() -> bool:
-    from patches.megatron._native import native
-
-    return native()
+def _native_route(model: Any) -> bool:
+    """Whether this release takes the native route: the block would install upstream's RL-mode forward on ``model``
+    (asked through the public ``explain``, which changes nothing)."""
+    rows = patchreg.registry.explain(ours().MTP_DETACH_SET, model).rows
+    return any(patch == "rl_mode_forward" and would == "install" for patch, _holder, would, _why in rows)
 
 
 def training_step(settings: Settings) -> Section:
@@ -210,7 +211,7 @@ def training_step(settings: Settings) -> Section:
     verl_every_model, _ = _step.model_and_batch()
     control_model, _ = _step.model_and_batch()
     native_model, _ = _step.model_and_batch()
-    native = _native_route()
+    native = _native_route(native_model)
     if native:
         native_model.config.mtp_detach_heads = True
     ours_name, once_name, verl_name, verl_every_name, control_name = (

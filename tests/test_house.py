@@ -172,6 +172,28 @@ def test_patch_sets_and_benchmarks_use_only_public_names(path: Path) -> None:
     assert _private_uses(ast.parse(path.read_text())) == []
 
 
+def _private_patch_modules(tree: ast.AST) -> list[str]:
+    """Imports of a private module of our patch sets (``patches.megatron._native``)."""
+    found: list[str] = []
+    for node in ast.walk(tree):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and node.module is not None and node.level == 0:
+            names = [node.module]
+        found += [n for n in names if n.split(".")[0] == "patches" and any(p.startswith("_") for p in n.split("."))]
+    return found
+
+
+@pytest.mark.parametrize("path", BENCHMARKS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_benchmarks_use_the_patch_sets_as_a_user_can(path: Path) -> None:
+    """A benchmark imports no private module of patches/ (it measures what a user can call)."""
+    assert _private_patch_modules(ast.parse(path.read_text())) == []
+
+
+def test_the_patch_module_check_catches_a_private_module() -> None:
+    source = "from patches.megatron._native import native\nimport patches.vllm._x\nfrom patches.megatron import mtp\n"
+    assert _private_patch_modules(ast.parse(source)) == ["patches.megatron._native", "patches.vllm._x"]
+
+
 def test_the_import_check_catches_a_private_use() -> None:
     """The check above refuses each way of reaching past the public API it knows, and lets the public ones by."""
     source = (
