@@ -15,11 +15,11 @@ import attrs
 from patchreg._checks import check_patchable, locate
 from patchreg._disable import REASON, is_disabled, off
 from patchreg._format import WIDTH, table
-from patchreg._ledger import entry
+from patchreg._ledger import Layer, entry
 from patchreg._namespace import label
 from patchreg._predicates import distributions
 from patchreg._records import Installed, Patch
-from patchreg._state import LOCK, STACKS, Book, awaited, check_compatible
+from patchreg._state import STACKS, Book, awaited, check_compatible, consistent
 from patchreg._targets import Miss, Selector, Site, identity
 from patchreg._versions import provider
 from patchreg.exceptions import PatchConflictError, PatchError, UnpatchableTargetError
@@ -131,22 +131,29 @@ def _patches_on(stack: Any) -> list[Patch]:
 
 def _would_do(book: Book, patch: Patch, hit: Site) -> tuple[str, str]:
     """``(what, why)``: what an apply would do on one holder: share, install, conflict or error."""
-    with LOCK:
-        stack = STACKS.get((identity(hit.holder), ("[]", hit.attr) if patch.is_item else hit.attr))
-        layers = stack.layers if stack is not None and stack.ref() is hit.holder else []
-        for layer in layers:
-            if layer.patch is patch and layer.owner is book:
-                return "share", f"already installed (count {layer.count}); {_reason(patch)}"
-        if layers:
-            try:
-                check_compatible(patch, stack, book)  # type: ignore[arg-type]
-            except PatchConflictError as exc:
-                return "conflict", str(exc)
+    found = consistent(lambda: _on_stack(book, patch, hit))
+    if found is not None:
+        return found
     try:
         check_patchable(patch, hit.holder, hit.attr)
     except UnpatchableTargetError as exc:
         return "error", str(exc)
     return "install", _reason(patch)
+
+
+def _on_stack(book: Book, patch: Patch, hit: Site) -> tuple[str, str] | None:
+    """Share or conflict, read from the layers on ``hit`` (under the lock); None when neither."""
+    stack = STACKS.get((identity(hit.holder), ("[]", hit.attr) if patch.is_item else hit.attr))
+    layers = stack.layers if stack is not None and stack.ref() is hit.holder else []
+    for layer in layers:
+        if layer.patch is patch and layer.owner is book:
+            return "share", f"already installed (count {layer.count}); {_reason(patch)}"
+    if layers:
+        try:
+            check_compatible(patch, stack, book)  # type: ignore[arg-type]
+        except PatchConflictError as exc:
+            return "conflict", str(exc)
+    return None
 
 
 def _reason(patch: Patch) -> str:
@@ -156,9 +163,9 @@ def _reason(patch: Patch) -> str:
 
 def active(book: Book) -> tuple[Installed, ...]:
     """Copies of every active install, in install order per attribute, then the lazy patches waiting."""
-    with LOCK:
-        live = [entry(la) for la in book.live_layers()]
-        return (*live, *(e for p in book.pending for e in p.entries()))
+    return consistent(
+        lambda: (*(entry(la) for la in book.live_layers()), *(e for p in book.pending for e in p.entries()))
+    )
 
 
 def summary(book: Book) -> str:
@@ -184,13 +191,17 @@ def fingerprint(book: Book) -> str:
     return hashlib.sha256("\n".join(fingerprint_lines(book)).encode()).hexdigest()[:16]
 
 
+def _installs(book: Book) -> tuple[list[Layer], list[str]]:
+    """The live layers and the install lines of the fingerprint (under the lock)."""
+    layers = book.live_layers()
+    lines = [_install_line(entry(la), _kind_of(la.stack)) for la in layers]
+    return layers, lines + [_install_line(e, e.holder) for p in book.pending for e in p.entries()]
+
+
 def fingerprint_lines(book: Book) -> list[str]:
     """What the fingerprint digests, sorted: installs (no ids, paths or times), predicate answers, versions."""
-    with LOCK:
-        layers = book.live_layers()
-        lines = [_install_line(entry(la), _kind_of(la.stack)) for la in layers]
-        lines += [_install_line(e, e.holder) for p in book.pending for e in p.entries()]
-        patches = {la.patch for la in layers}
+    layers, lines = consistent(lambda: _installs(book))
+    patches = {la.patch for la in layers}
     facts: set[str] = set()
     for patch in patches:
         answer = patch.when.evaluate()

@@ -28,8 +28,11 @@ __all__ = [
     "Report",
     "Stack",
     "Step",
+    "Strong",
     "WeakOriginal",
     "entry",
+    "no_holder",
+    "plan_key",
     "weak_or_id",
 ]
 
@@ -178,6 +181,30 @@ class Step(NamedTuple):
     above: tuple[Any, ...]
     order: list[Any] | None
     calls: bool  # a wrap on an instance or a class: it may call what a class attribute it inherits holds
+
+
+class Strong:
+    """A strong reference with a weak reference's call: for a mapping (a dict) that has no weak references."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __call__(self) -> Any:
+        return self.obj
+
+
+def no_holder() -> None:
+    """The reference of a stack whose mapping it let go."""
+    return None
+
+
+def plan_key(target: object, obj: Any) -> tuple[int, ...]:
+    """The key of a plan: the identities of the target and of the object (or -1, then each chunk's)."""
+    if isinstance(obj, (list, tuple)):
+        return (identity(target), -1, *map(identity, obj))
+    return (identity(target), identity(obj))
 
 
 class Plan:

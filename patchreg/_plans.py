@@ -22,11 +22,11 @@ from typing import Any
 from patchreg._checks import name_patch, resolve, warn_not_found
 from patchreg._disable import SKIP as DISABLED
 from patchreg._disable import off
-from patchreg._ledger import Plan, Step, weak_or_id
+from patchreg._ledger import Plan, Step, plan_key, weak_or_id
 from patchreg._namespace import ABSENT, binding
 from patchreg._predicates import REFRESHES
 from patchreg._records import Patch, PatchSet, patches_of
-from patchreg._state import Book, plan_key, stack_for
+from patchreg._state import Book, stack_for
 from patchreg._targets import NOT_INSTANCES, UNSET, ImportPath, Selector, Site, by_values, class_attr
 from patchreg.exceptions import PatchError
 

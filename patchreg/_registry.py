@@ -37,10 +37,10 @@ import wrapt
 from patchreg import _explain
 from patchreg._checks import locate, report_skips
 from patchreg._explain import Explanation
-from patchreg._ledger import Checkpoint, Layer, Pending, Report
+from patchreg._ledger import Checkpoint, Pending, Report
 from patchreg._plans import make_plan, work
-from patchreg._records import INSTALL_ORDER, Installed, Patch, Target, patches_of
-from patchreg._state import LOCK, Book, cancel, purge, release, take
+from patchreg._records import Installed, Patch, Target, patches_of
+from patchreg._state import Book, consistent, release, take
 from patchreg._targets import Miss, Site
 from patchreg.exceptions import PatchDefinitionError, PatchError
 
@@ -111,10 +111,7 @@ class Registry:
             if skipped and (strict or warn):
                 report_skips(plan.name, list(skipped), strict, plan.patches)
             report = Report(self, plan.name, skipped)
-            with LOCK:
-                taken = take(book, steps, report)
-                if taken and plan.waiting:
-                    book.wait_for_import(report, plan.waiting)
+            taken = take(book, steps, report, plan.waiting)
             if taken:
                 break
             plan = None  # a holder changed between the resolution and the loop: resolve again
@@ -155,26 +152,10 @@ class Registry:
             if target.owner is not self:
                 msg = f"Report {target!r} came from registry {target.owner.name!r}; revert it there."
                 raise PatchDefinitionError(msg, target=target.name)
-            with LOCK:
-                return release(target)
+            return release(target)
         name, patches = patches_of(target)
-        hits = [(patch, _hits(patch, obj)) for patch in patches]  # user code (selectors): outside the lock
-        ledger = Report(self, name, ())
-        book = self._book
-        with LOCK:
-            purge()
-            cancel([p for p in book.pending if p.patch in patches])
-            for patch, found in hits:
-                ledger.layers.extend(self._layers_of(patch, found))
-            ledger.layers.sort(key=INSTALL_ORDER)  # released last-installed first, whatever the set's order
-            return release(ledger)
-
-    def _layers_of(self, patch: Patch, found: list[Site] | None) -> list[Layer]:
-        """This registry's live layers of ``patch``, on the ``found`` holders (None: on any)."""
-        mine = [la for la in patch.backup.layers() if la.owner is self._book and la.count > 0]
-        if found is None:
-            return mine
-        return [la for la in mine if any(la.stack.ref() is h.holder and la.stack.attr == h.attr for h in found)]
+        found = [_hits(patch, obj) for patch in patches]  # user code (selectors): outside the lock
+        return self._book.release_of(Report(self, name, ()), patches, found)
 
     def revert_all(self) -> int:
         """Restore every original this registry displaced (top layers first); return how many.
@@ -226,11 +207,10 @@ class Registry:
             if obj is None or patch.is_global:
                 return True
             found = _hits(patch, obj)
-            with LOCK:
-                if self._layers_of(patch, found):
-                    return True
-                if any(la.stack.ref() is obj for la in self._layers_of(patch, None)):  # obj is the holder itself
-                    return True
+            if self._book.layers_of(patch, found):
+                return True
+            if any(la.stack.ref() is obj for la in self._book.layers_of(patch, None)):  # obj is the holder itself
+                return True
         return False
 
     def explain(self, target: Target, obj: Any = None) -> Explanation:
@@ -252,10 +232,9 @@ class Registry:
 
     def __repr__(self) -> str:
         book = self._book
-        with LOCK:
-            layers = book.live_layers()
-            n = len({id(la.stack) for la in layers})
-            waiting = f", {len(book.pending)} pending (lazy)" if book.pending else ""
+        layers, pending = consistent(lambda: (book.live_layers(), len(book.pending)))
+        n = len({id(la.stack) for la in layers})
+        waiting = f", {pending} pending (lazy)" if pending else ""
         return f"<patchreg.Registry {self.name!r}: {len(layers)} active install(s) on {n} attribute(s){waiting}>"
 
 

@@ -1,11 +1,9 @@
-"""The only mutable state of patchreg, the only code that changes it, and the only lock.
+"""The only mutable state of patchreg, the only code that changes it, and the only lock (no other module takes it).
 
-Every attribute (or mapping key) any registry patched has one :class:`~patchreg._ledger.Stack` here, with the layers
-of every registry on it, bottom first; each registry has a :class:`Book` (its plans, checkpoints, lazy patches). An
-apply runs one loop, :func:`take`, over the steps of a plan (:mod:`patchreg._plans` makes plans; a cached plan only
-saves the resolution); a revert, a block's exit or a failed apply runs one loop, :func:`release`, which checks the
-ownership rule for every layer (:func:`patchreg._checks.check_release`) before it restores any (:func:`restore`).
-Everything else reads this state or asks it to change.
+Every attribute (or mapping key) any registry patched has one :class:`~patchreg._ledger.Stack` here, with every
+registry's layers on it, bottom first; each registry has a :class:`Book`. An apply runs :func:`take` over a plan's
+steps; a revert, an exit or a failed apply runs :func:`release`, which checks :func:`check_release` before it
+restores anything. Everything else reads this state (:func:`consistent`) or asks it to change.
 """
 
 from __future__ import annotations
@@ -17,10 +15,25 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from patchreg._checks import conflict, covered, not_ours, stored_another
-from patchreg._ledger import GONE, Checkpoint, Layer, Pending, Plan, Ref, Report, Stack, Step, WeakOriginal, weak_or_id
+from patchreg._ledger import (
+    GONE,
+    Checkpoint,
+    Layer,
+    Pending,
+    Plan,
+    Ref,
+    Report,
+    Stack,
+    Step,
+    Strong,
+    WeakOriginal,
+    no_holder,
+    plan_key,
+    weak_or_id,
+)
 from patchreg._namespace import ABSENT, binding, checked_writes, holder_kind, put_back, reorder, same, write
 from patchreg._predicates import REFRESHES
 from patchreg._records import INSTALL_ORDER, Patch
@@ -36,7 +49,7 @@ __all__ = [
     "cancel",
     "check_compatible",
     "check_release",
-    "plan_key",
+    "consistent",
     "purge",
     "release",
     "stack_for",
@@ -58,30 +71,7 @@ BOOKS: weakref.WeakSet[Book] = weakref.WeakSet()
 _DEAD: list[object] = []  # death notices of holders: their stacks are dropped under the lock (purge)
 _SEQUENCE = itertools.count()  # the install order across registries
 _time = time.time_ns
-
-
-class _Strong:
-    """A strong reference with a weak reference's call: for a mapping (a dict) that has no weak references."""
-
-    __slots__ = ("obj",)
-
-    def __init__(self, obj: Any) -> None:
-        self.obj = obj
-
-    def __call__(self) -> Any:
-        return self.obj
-
-
-def _gone() -> None:
-    """The reference of a stack whose mapping it let go."""
-    return None
-
-
-def plan_key(target: object, obj: Any) -> tuple[int, ...]:
-    """The key of a plan: the identities of the target and of the object (or -1, then each chunk's)."""
-    if isinstance(obj, (list, tuple)):
-        return (identity(target), -1, *map(identity, obj))
-    return (identity(target), identity(obj))
+_T = TypeVar("_T")
 
 
 class Book:
@@ -209,6 +199,25 @@ class Book:
             cancel(self.pending)
             return release(everything)
 
+    def layers_of(self, patch: Patch, found: Sequence[Any] | None) -> list[Layer]:
+        """This registry's live layers of ``patch`` on the ``found`` sites' holders and attributes (None: on any)."""
+        with LOCK:
+            mine = [la for la in patch.backup.layers() if la.owner is self and la.count > 0]
+            if found is None:
+                return mine
+            return [la for la in mine if any(la.stack.ref() is h.holder and la.stack.attr == h.attr for h in found)]
+
+    def release_of(self, ledger: Report, patches: Sequence[Patch], found: Sequence[Sequence[Any] | None]) -> int:
+        """Release one user of this registry's layers of each of ``patches`` on its ``found`` sites (None: any), last
+        installed first, through ``ledger``; cancel their waiting lazy patches. How many originals came back."""
+        with LOCK:
+            purge()
+            cancel([p for p in self.pending if p.patch in patches])
+            for patch, sites in zip(patches, found, strict=True):
+                ledger.layers.extend(self.layers_of(patch, sites))
+            ledger.layers.sort(key=INSTALL_ORDER)  # released last-installed first, whatever the set's order
+            return release(ledger)
+
     def take_unnamed(self) -> list[Stack]:
         """The stacks made for this registry since the last call that want a name by path."""
         with LOCK:
@@ -219,6 +228,12 @@ class Book:
     def set_path(stack: Stack, path: str | None) -> None:
         """Name ``stack``'s holder by its path from the object its first apply was given (``model.mtp.layers[0]``)."""
         stack.path = path
+
+
+def consistent(read: Callable[[], _T]) -> _T:
+    """``read()`` under the lock: what it reads of the state is never half of an install or a release."""
+    with LOCK:
+        return read()
 
 
 def awaited(module: str) -> bool:
@@ -235,9 +250,6 @@ def cancel(pendings: Iterable[Pending]) -> None:
             pending.book.pending.remove(pending)
 
 
-# -- stacks --------------------------------------------------------------------------------------
-
-
 def stack_for(book: Book, patch: Patch, holder: Any, attr: Any) -> Stack:
     """The stack of ``patch``'s install on ``holder.attr`` (or the mapping ``holder``'s key ``attr``), made if new."""
     key = (identity(holder), ("[]", attr) if patch.is_item else attr)
@@ -251,7 +263,7 @@ def stack_for(book: Book, patch: Patch, holder: Any, attr: Any) -> Stack:
         try:
             ref: Callable[[], Any] = weakref.ref(holder, _DEAD.append)  # (the callback only records: gc may run it
         except TypeError:  # inside a locked section; purge drops the stack)
-            ref = _Strong(holder)
+            ref = Strong(holder)
         title = str(patch.where) if patch.is_item and patch.is_global else None  # else named by path
         kind = "item" if patch.is_item else holder_kind(holder)
         stack = STACKS[key] = Stack(ref, attr, kind, key, title, checked_writes(kind, holder))
@@ -286,94 +298,103 @@ def _forget(layer: Layer) -> None:
     layer.original = None
 
 
-# -- the one install loop --------------------------------------------------------------------------
-
-
-def take(book: Book, steps: Sequence[Step], ledger: Report) -> bool:
-    """The one install loop: take a user of every step's install for ``ledger`` (under the lock); all or nothing.
-
-    False, before anything changes, when a step's holder no longer is what the plan found (it died, or on an instance
-    its class, or the class attribute it stores, changed): resolve again. Per step, this registry's install of the
-    same patch gets one user more (sharing); else, once no conflict forbids it, the step installs over what the holder
-    stores now: the plan's binding while the holder stores what the plan found there and the class attribute it binds
-    or wraps is unchanged, the binding rule again otherwise. Its layer (on an instance what was installed held weakly,
-    or by identity, and so the original where what is installed keeps it alive) is recorded before the write: if the
-    write raises after storing, a release restores.
+def take(book: Book, steps: Sequence[Step], ledger: Report, waiting: Sequence[Patch] = ()) -> bool:
+    """The one install loop: a user of every step's install for ``ledger``, all or nothing; then the apply's
+    ``waiting`` lazy patches wait for their imports. False, before any change, when a holder is no longer what the
+    plan found (resolve again). A step shares this registry's install of its patch, or (no conflict) installs over
+    what the holder stores now: the plan's binding while that is what the plan found, the binding rule again else.
+    Its layer is recorded before the write, so a write that raises after storing is restored by the release.
     """
-    if _DEAD:
-        purge()
-    for _patch, stack, _found, _value, _make, cls, mro, view, raw, above, _order, _calls in steps:  # what it must find
-        holder = stack.ref()
-        if holder is None or (
-            cls is not None
-            and (
-                type(holder) is not cls
-                or view.get(stack.attr, ABSENT) is not raw
-                or (above and (cls.__mro__ is not mro or any(stack.attr in v for v in above)))
-            )
-        ):
-            return False
-    now = _time()
-    taken = ledger.layers
-    made = 0
-    try:
-        for step in steps:
-            patch, stack, found, value, make, cls, _mro, view, raw, _above, order, calls = step
-            on = stack.layers
-            if on:
-                shared = _shared(on, patch, book)
-                if shared is not None:
-                    shared.count += 1
-                    ledger.repeats = ledger.repeats or shared in taken
-                    taken.append(shared)
-                    continue
-                check_compatible(patch, stack, book)
+    with LOCK:
+        if _DEAD:
+            purge()
+        for (
+            _patch,
+            stack,
+            _found,
+            _value,
+            _make,
+            cls,
+            mro,
+            view,
+            raw,
+            above,
+            _order,
+            _calls,
+        ) in steps:  # what it must find
             holder = stack.ref()
-            kind, attr = stack.kind, stack.attr
-            current = (holder if kind == "item" else holder.__dict__).get(attr, ABSENT)
-            if not (
-                found is current
-                or (
-                    cls is not None
-                    and found is not ABSENT
-                    and (found() is current if type(found) is Ref else identity(current) == found)
+            if holder is None or (
+                cls is not None
+                and (
+                    type(holder) is not cls
+                    or view.get(stack.attr, ABSENT) is not raw
+                    or (above and (cls.__mro__ is not mro or any(stack.attr in v for v in above)))
                 )
-            ) or (
-                view is not None and view.get(attr, ABSENT) is not raw
-            ):  # changed since the plan (by another install, or an earlier step of this one): the rule again
-                value, make = binding(patch.kind, patch.replacement, kind, holder, attr, current, patch.prepend)
-            installed = value if make is None else make(holder)
-            layer = Layer()
-            layer.patch, layer.stack, layer.owner, layer.since, layer.seq = patch, stack, book, now, next(_SEQUENCE)
-            layer.count, layer.uppers, layer.order, layer.original = 1, None, order, current
-            on.append(layer)
-            taken.append(layer)
-            if kind == "instance":  # its own dict, written directly
-                layer.installed = weak_or_id(installed)
-                if current is not ABSENT and (
-                    installed is current or getattr(installed, "__wrapped__", None) is current
-                ):
-                    held = weak_or_id(current)
-                    if type(held) is Ref:
-                        layer.original = WeakOriginal(held)
-                if installed is ABSENT:  # a delete
-                    holder.__dict__.pop(attr, None)
+            ):
+                return False
+        now = _time()
+        taken = ledger.layers
+        made = 0
+        try:
+            for step in steps:
+                patch, stack, found, value, make, cls, _mro, view, raw, _above, order, calls = step
+                on = stack.layers
+                if on:
+                    shared = _shared(on, patch, book)
+                    if shared is not None:
+                        shared.count += 1
+                        ledger.repeats = ledger.repeats or shared in taken
+                        taken.append(shared)
+                        continue
+                    check_compatible(patch, stack, book)
+                holder = stack.ref()
+                kind, attr = stack.kind, stack.attr
+                current = (holder if kind == "item" else holder.__dict__).get(attr, ABSENT)
+                if not (
+                    found is current
+                    or (
+                        cls is not None
+                        and found is not ABSENT
+                        and (found() is current if type(found) is Ref else identity(current) == found)
+                    )
+                ) or (
+                    view is not None and view.get(attr, ABSENT) is not raw
+                ):  # changed since the plan (by another install, or an earlier step of this one): the rule again
+                    value, make = binding(patch.kind, patch.replacement, kind, holder, attr, current, patch.prepend)
+                installed = value if make is None else make(holder)
+                layer = Layer()
+                layer.patch, layer.stack, layer.owner, layer.since, layer.seq = patch, stack, book, now, next(_SEQUENCE)
+                layer.count, layer.uppers, layer.order, layer.original = 1, None, order, current
+                on.append(layer)
+                taken.append(layer)
+                if kind == "instance":  # its own dict, written directly
+                    layer.installed = weak_or_id(installed)
+                    if current is not ABSENT and (
+                        installed is current or getattr(installed, "__wrapped__", None) is current
+                    ):
+                        held = weak_or_id(current)
+                        if type(held) is Ref:
+                            layer.original = WeakOriginal(held)
+                    if installed is ABSENT:  # a delete
+                        holder.__dict__.pop(attr, None)
+                    else:
+                        holder.__dict__[attr] = installed
                 else:
-                    holder.__dict__[attr] = installed
-            else:
-                layer.installed = installed
-                _write(step, holder, layer, ledger, installed, current)
-            if calls and current is ABSENT:  # a wrap calls what its class stores there:
-                below = _inherited(holder, attr, kind)  # a layer installed there is released after it
-                if below is not None:
-                    below.uppers = [u for u in below.uppers or () if u.count > 0]
-                    below.uppers.append(layer)
-            made += 1
-    except BaseException:
+                    layer.installed = installed
+                    _write(step, holder, layer, ledger, installed, current)
+                if calls and current is ABSENT:  # a wrap calls what its class stores there:
+                    below = _inherited(holder, attr, kind)  # a layer installed there is released after it
+                    if below is not None:
+                        below.uppers = [u for u in below.uppers or () if u.count > 0]
+                        below.uppers.append(layer)
+                made += 1
+        except BaseException:
+            ledger.new_installs = made
+            release(ledger)
+            raise
         ledger.new_installs = made
-        release(ledger)
-        raise
-    ledger.new_installs = made
+        if waiting:
+            book.wait_for_import(ledger, waiting)
     if made and log.isEnabledFor(logging.DEBUG):
         for layer in taken[-made:]:
             log.debug("patchreg: installed %s on %s", layer.patch.name, layer.stack.where)
@@ -428,89 +449,87 @@ def _unrecord(layer: Layer, ledger: Report) -> None:
     _forget(layer)
 
 
-# -- the one release loop --------------------------------------------------------------------------
-
-
 def release(ledger: Report) -> int:
-    """The one release loop: one user of every layer ``ledger`` still holds, last taken first (under the lock); all
-    or nothing: the ownership rule (:func:`check_release`) is checked for all before any changes. How many originals
-    came back.
-
-    The restore: a layer whose last user goes puts back exactly what it displaced (written again where someone put
-    it back already, which changes nothing), then leaves its stack; an interrupt before that loses nothing (a
-    retry restores). A dict patch's mapping gets its keys back in the order they had (as ``mock.patch.dict``'s).
+    """The one release loop: one user of every layer ``ledger`` still holds, last taken first, all or nothing
+    (:func:`check_release` first); how many originals came back. A layer whose last user goes puts back exactly what
+    it displaced, then leaves its stack (an interrupt before that loses nothing: a retry restores); a dict patch's
+    mapping gets its keys back in their order (as ``mock.patch.dict``'s).
     """
-    if ledger.released:
-        return 0
-    if ledger.waiting:
-        cancel(ledger.waiting)
-    taken = ledger.layers
-    todo = len(taken) - ledger.unwound
-    check_release(taken[todo - 1 :: -1] if todo else [], ledger.repeats)
-    restored = 0
-    orders = None
-    debug = log.isEnabledFor(logging.DEBUG)
-    while todo:  # last taken first; an interrupt between two resumes with the rest
-        todo -= 1
-        layer = taken[todo]
-        count = layer.count
-        if count == 1:
-            stack = layer.stack
-            holder = stack.ref()
-            if holder is not None:
-                original = layer.original
-                if type(original) is WeakOriginal:
-                    original = layer.displaced()
-                    if original is GONE:  # the check saw our install there, which keeps it alive: cannot be
-                        msg = f"patchreg lost the original of {stack.where} (patch {layer.patch.name!r})."
-                        raise PatchOwnershipError(msg, patch=layer.patch, target=layer.patch.target)
-                kind = stack.kind
-                if kind == "instance":  # its own dict
-                    if original is ABSENT:
-                        holder.__dict__.pop(stack.attr, None)
+    with LOCK:
+        if ledger.released:
+            return 0
+        if ledger.waiting:
+            cancel(ledger.waiting)
+        taken = ledger.layers
+        todo = len(taken) - ledger.unwound
+        check_release(taken[todo - 1 :: -1] if todo else [], ledger.repeats)
+        restored = 0
+        orders = None
+        debug = log.isEnabledFor(logging.DEBUG)
+        while todo:  # last taken first; an interrupt between two resumes with the rest
+            todo -= 1
+            layer = taken[todo]
+            count = layer.count
+            if count == 1:
+                stack = layer.stack
+                holder = stack.ref()
+                if holder is not None:
+                    original = layer.original
+                    if type(original) is WeakOriginal:
+                        original = layer.displaced()
+                        if original is GONE:  # the check saw our install there, which keeps it alive: cannot be
+                            msg = f"patchreg lost the original of {stack.where} (patch {layer.patch.name!r})."
+                            raise PatchOwnershipError(msg, patch=layer.patch, target=layer.patch.target)
+                    kind = stack.kind
+                    if kind == "instance":  # its own dict
+                        if original is ABSENT:
+                            holder.__dict__.pop(stack.attr, None)
+                        else:
+                            holder.__dict__[stack.attr] = original
                     else:
-                        holder.__dict__[stack.attr] = original
+                        put_back(kind, holder, stack.attr, original)
+                        if stack.checked and not same(kind, stack.current(), original):  # a __setattr__ stored another
+                            put_back(kind, holder, stack.attr, original, raw=True)
+                    restored += 1
+                on = stack.layers
+                if on[-1] is layer:
+                    on.pop()
                 else:
-                    put_back(kind, holder, stack.attr, original)
-                    if stack.checked and not same(kind, stack.current(), original):  # a __setattr__ stored another
-                        put_back(kind, holder, stack.attr, original, raw=True)
-                restored += 1
-            on = stack.layers
-            if on[-1] is layer:
-                on.pop()
-            else:
-                on.remove(layer)
-            if layer.order is not None:
-                orders = [*(orders or ()), (holder, layer.order)]
-            layer.count = 0  # (as _forget: a layer gone counts no user, keeps no original)
-            layer.original = None
-            if debug:
-                log.debug("patchreg: restored %s (%s)", stack.where, layer.patch.name)
-            if not on and type(stack.ref) is _Strong:  # a mapping held strongly: let it go, keep its name
-                stack.title = stack.label
-                stack.ref = _gone
-                _DEAD.append(None)
-        elif count > 1:
-            layer.count = count - 1
-        ledger.unwound += 1
-    ledger.released = True
-    if orders:
-        for mapping, order in orders:
-            if mapping is not None:
-                reorder(mapping, order)
-    return restored
+                    on.remove(layer)
+                if layer.order is not None:
+                    orders = [*(orders or ()), (holder, layer.order)]
+                layer.count = 0  # (as _forget: a layer gone counts no user, keeps no original)
+                layer.original = None
+                if debug:
+                    log.debug("patchreg: restored %s (%s)", stack.where, layer.patch.name)
+                if not on and type(stack.ref) is Strong:  # a mapping held strongly: let it go, keep its name
+                    stack.title = stack.label
+                    stack.ref = no_holder
+                    _DEAD.append(None)
+            elif count > 1:
+                layer.count = count - 1
+            ledger.unwound += 1
+        ledger.released = True
+        if orders:
+            for mapping, order in orders:
+                if mapping is not None:
+                    reorder(mapping, order)
+        return restored
 
 
 # -- the rules the loops apply -----------------------------------------------------------------------
 
 
-def check_compatible(patch: Patch, stack: Stack, owner: Any) -> None:
-    """Two replaces on one attribute conflict; a replace over wraps would discard them.
+def to_release(ledger: Report) -> list[Layer]:
+    """The live layers ``ledger`` still holds a user of, in release order (last taken first)."""
+    taken = ledger.layers
+    return [la for la in reversed(taken[: len(taken) - ledger.unwound]) if la.count > 0 and la.stack.ref() is not None]
 
-    ``stack``'s layers are every registry's; ``owner`` (a registry's book) installs ``patch``. A replace conflicts
-    with any layer of its own registry there, and with the top layer of another registry unless that is the same
-    patch (the same patch through another registry stacks, as a wrap does).
-    """
+
+def check_compatible(patch: Patch, stack: Stack, owner: Any) -> None:
+    """Two replaces on one attribute conflict (a replace over wraps would discard them): a replace by ``owner`` (a
+    registry's book) conflicts with its own layers there and with another registry's top layer, unless that is the
+    same patch (which stacks, as a wrap does)."""
     if patch.kind == "wrap" or not stack.layers:
         return
     mine = [la for la in stack.layers if la.owner is owner]
@@ -521,21 +540,11 @@ def check_compatible(patch: Patch, stack: Stack, owner: Any) -> None:
     raise PatchConflictError(msg, patch=patch, target=patch.target)
 
 
-def to_release(ledger: Report) -> list[Layer]:
-    """The live layers ``ledger`` still holds a user of, in release order (last taken first)."""
-    taken = ledger.layers
-    return [la for la in reversed(taken[: len(taken) - ledger.unwound]) if la.count > 0 and la.stack.ref() is not None]
-
-
 def check_release(layers: Sequence[Layer], repeats: bool = True) -> None:
-    """The ownership rule: releasing one user of each of ``layers``, in this order, can restore exactly; checked
-    before anything changes.
-
-    A layer whose last user goes must be the top of its stack (once those released before it in this batch are gone),
-    no install that calls it may be left (a wrap over it on a subclass or an instance), and the top of a stack must
-    still hold what it installed, or its original. Layers of dead holders and layers already released pass.
-    ``repeats=False``: no layer is twice in ``layers`` (one report that shared none of its own layers).
-    """
+    """The ownership rule, checked before anything changes: releasing one user of each of ``layers`` in this order
+    restores exactly. A layer whose last user goes is the top of its stack (after those this batch released before),
+    no wrap over it (on a subclass, an instance) stays, and its attribute holds what it installed, or its original.
+    ``repeats=False``: no layer is twice in ``layers``."""
     users: dict[Layer, int] | None = {} if repeats else None
     gone: dict[Stack, int] | None = None  # per stack, how many of its top layers this batch releases before
     for layer in layers:

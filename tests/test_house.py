@@ -112,6 +112,30 @@ def test_every_engine_module_has_a_test_file(path: Path) -> None:
     assert (ROOT / "tests" / "patchreg" / name).exists(), f"{path.name} has no tests/patchreg/{name}"
 
 
+def _lock_uses(tree: ast.AST) -> list[str]:
+    """Where a module reaches the engine's lock (``patchreg._state.LOCK``): imported by name or read as an attribute."""
+    found = [
+        f"import LOCK (line {n.lineno})"
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and n.module == "patchreg._state" and any(a.name == "LOCK" for a in n.names)
+    ]
+    return found + [
+        f".LOCK (line {n.lineno})" for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "LOCK"
+    ]
+
+
+@pytest.mark.parametrize("path", [p for p in ENGINE if p.name != "_state.py"], ids=lambda p: p.name)
+def test_only_the_state_module_takes_the_lock(path: Path) -> None:
+    """The engine's one lock is taken in ``_state`` only: other modules ask it for a consistent read
+    (``consistent``) or a change (``take``, ``release``, the book's methods), which take it themselves."""
+    assert _lock_uses(ast.parse(path.read_text())) == []
+
+
+def test_the_lock_check_finds_a_use() -> None:
+    source = "from patchreg._state import LOCK, take\nimport patchreg._state as s\nwith s.LOCK:\n    pass\n"
+    assert len(_lock_uses(ast.parse(source))) == 2
+
+
 @pytest.mark.parametrize("path", ENGINE, ids=lambda p: p.name)
 def test_no_engine_module_imports_another_modules_private_names(path: Path) -> None:
     """No module of patchreg/ imports a private name (``_x``) of another, nor reads one through a module it imports."""
