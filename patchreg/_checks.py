@@ -35,6 +35,7 @@ __all__ = [
     "report_skips",
     "resolve",
     "stored_another",
+    "wrapped_over",
     "warn_not_found",
 ]
 
@@ -184,6 +185,14 @@ def covered(name: str, where: str, over: tuple[str, bool] | None) -> str:
     return (
         f"Cannot revert patch {name!r} on {where} before patch {top!r}, which was installed over it; "
         "revert in reverse order of applying (exit the inner block first). Nothing was changed."
+    )
+
+
+def wrapped_over(name: str, where: str, upper: str, upper_where: str) -> str:
+    """Why patch ``name``'s install on ``where`` cannot be released: patch ``upper`` wraps it from ``upper_where``."""
+    return (
+        f"Cannot revert patch {name!r} on {where}: patch {upper!r} was installed over it on {upper_where}, which "
+        "wraps it; revert that one first (reverse order of applying). Nothing was changed."
     )
 
 

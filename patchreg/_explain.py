@@ -1,6 +1,6 @@
 """What a registry would do and what it holds: ``explain()``, ``active()``, ``summary()``, ``fingerprint()``.
 
-Everything here reads the store (under its lock, copying) and changes nothing.
+Everything here reads the state (through _state.consistent, copying) and changes nothing.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from patchreg._ledger import Layer, entry
 from patchreg._namespace import label
 from patchreg._predicates import distributions
 from patchreg._records import Installed, Patch
-from patchreg._state import STACKS, Book, awaited, check_compatible, consistent
+from patchreg._state import STACKS, Book, awaited, check_compatible, consistent, shared_layer, stack_key
 from patchreg._targets import Miss, Selector, Site, identity
 from patchreg._versions import provider
 from patchreg.exceptions import PatchConflictError, PatchError, UnpatchableTargetError
@@ -143,16 +143,16 @@ def _would_do(book: Book, patch: Patch, hit: Site) -> tuple[str, str]:
 
 def _on_stack(book: Book, patch: Patch, hit: Site) -> tuple[str, str] | None:
     """Share or conflict, read from the layers on ``hit`` (under the lock); None when neither."""
-    stack = STACKS.get((identity(hit.holder), ("[]", hit.attr) if patch.is_item else hit.attr))
-    layers = stack.layers if stack is not None and stack.ref() is hit.holder else []
-    for layer in layers:
-        if layer.patch is patch and layer.owner is book:
-            return "share", f"already installed (count {layer.count}); {_reason(patch)}"
-    if layers:
-        try:
-            check_compatible(patch, stack, book)  # type: ignore[arg-type]
-        except PatchConflictError as exc:
-            return "conflict", str(exc)
+    stack = STACKS.get(stack_key(hit.holder, hit.attr, patch.is_item))
+    if stack is None or stack.ref() is not hit.holder or not stack.layers:
+        return None
+    shared = shared_layer(stack.layers, patch, book)
+    if shared is not None:
+        return "share", f"already installed (count {shared.count}); {_reason(patch)}"
+    try:
+        check_compatible(patch, stack, book)
+    except PatchConflictError as exc:
+        return "conflict", str(exc)
     return None
 
 

@@ -90,11 +90,9 @@ def label(holder: Any) -> str:
     return f"{type(holder).__name__}@{id(holder):#x}"
 
 
-def own_value(holder: Any, attr: Any, kind: str = "") -> Any:
+def own_value(holder: Any, attr: Any) -> Any:
     """What ``holder``'s own namespace stores for ``attr`` (``ABSENT`` if nothing, or if it has no namespace of its
-    own: ``__slots__``); ``kind="item"``: the mapping's item."""
-    if kind == "item":
-        return holder.get(attr, ABSENT)
+    own: ``__slots__``)."""
     ns = getattr(holder, "__dict__", None)
     return ns.get(attr, ABSENT) if isinstance(ns, Mapping) else ABSENT
 

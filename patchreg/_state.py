@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-from patchreg._checks import conflict, covered, not_ours, stored_another
+from patchreg._checks import conflict, covered, not_ours, stored_another, wrapped_over
 from patchreg._ledger import (
     GONE,
     Checkpoint,
@@ -52,7 +52,9 @@ __all__ = [
     "consistent",
     "purge",
     "release",
+    "shared_layer",
     "stack_for",
+    "stack_key",
     "take",
     "to_release",
 ]
@@ -117,8 +119,7 @@ class Book:
             self.last = None
 
     def live_layers(self) -> list[Layer]:
-        """This registry's layers on live holders, per attribute bottom first, the attributes in the order this
-        registry first installed on them."""
+        """This registry's live layers, per attribute bottom first, the attributes in this registry's install order."""
         with LOCK:
             purge()
             per = [[la for la in s.layers if la.owner is self] for s in STACKS.values()]
@@ -185,7 +186,7 @@ class Book:
             purge()
             ledgers = [r for r in reversed(checkpoint.ledgers) if not r.released]
             check_release([la for r in ledgers for la in to_release(r)])
-            restored = sum(release(r) for r in ledgers)
+            restored = sum(release(r, checked=True) for r in ledgers)
             checkpoint.ledgers.clear()
             return restored
 
@@ -197,7 +198,7 @@ class Book:
             everything.repeats = True  # released last installed first (a wrap before what it wraps)
             check_release(everything.layers[::-1])
             cancel(self.pending)
-            return release(everything)
+            return release(everything, checked=True)
 
     def layers_of(self, patch: Patch, found: Sequence[Any] | None) -> list[Layer]:
         """This registry's live layers of ``patch`` on the ``found`` sites' holders and attributes (None: on any)."""
@@ -250,9 +251,14 @@ def cancel(pendings: Iterable[Pending]) -> None:
             pending.book.pending.remove(pending)
 
 
+def stack_key(holder: Any, attr: Any, item: bool = False) -> tuple[int, Any]:
+    """Where :data:`STACKS` keeps the stack of ``holder.attr`` (``item``: of the mapping ``holder``'s key ``attr``)."""
+    return (identity(holder), ("[]", attr) if item else attr)
+
+
 def stack_for(book: Book, patch: Patch, holder: Any, attr: Any) -> Stack:
     """The stack of ``patch``'s install on ``holder.attr`` (or the mapping ``holder``'s key ``attr``), made if new."""
-    key = (identity(holder), ("[]", attr) if patch.is_item else attr)
+    key = stack_key(holder, attr, patch.is_item)
     with LOCK:
         stack = STACKS.get(key)
         if stack is not None and stack.ref() is holder:
@@ -340,7 +346,7 @@ def take(book: Book, steps: Sequence[Step], ledger: Report, waiting: Sequence[Pa
                 patch, stack, found, value, make, cls, _mro, view, raw, _above, order, calls = step
                 on = stack.layers
                 if on:
-                    shared = _shared(on, patch, book)
+                    shared = shared_layer(on, patch, book)
                     if shared is not None:
                         shared.count += 1
                         ledger.repeats = ledger.repeats or shared in taken
@@ -401,7 +407,7 @@ def take(book: Book, steps: Sequence[Step], ledger: Report, waiting: Sequence[Pa
     return True
 
 
-def _shared(layers: list[Layer], patch: Patch, book: Book) -> Layer | None:
+def shared_layer(layers: list[Layer], patch: Patch, book: Book) -> Layer | None:
     """This registry's layer of ``patch`` on a stack, if any (a second apply shares it)."""
     for layer in layers:
         if layer.patch is patch and layer.owner is book:
@@ -434,7 +440,7 @@ def _inherited(holder: Any, attr: Any, kind: str) -> Layer | None:
     for klass in holder.__mro__[1:] if kind == "class" else type(holder).__mro__:
         view = vars(klass)
         if attr in view:
-            stack = STACKS.get((identity(klass), attr))
+            stack = STACKS.get(stack_key(klass, attr))
             if stack is None or not stack.layers or stack.ref() is not klass:
                 return None
             top = stack.layers[-1]
@@ -449,11 +455,12 @@ def _unrecord(layer: Layer, ledger: Report) -> None:
     _forget(layer)
 
 
-def release(ledger: Report) -> int:
+def release(ledger: Report, checked: bool = False) -> int:
     """The one release loop: one user of every layer ``ledger`` still holds, last taken first, all or nothing
     (:func:`check_release` first); how many originals came back. A layer whose last user goes puts back exactly what
     it displaced, then leaves its stack (an interrupt before that loses nothing: a retry restores); a dict patch's
-    mapping gets its keys back in their order (as ``mock.patch.dict``'s).
+    mapping gets its keys back in their order (as ``mock.patch.dict``'s). ``checked``: the caller checked a batch
+    of reports that holds this one.
     """
     with LOCK:
         if ledger.released:
@@ -462,9 +469,10 @@ def release(ledger: Report) -> int:
             cancel(ledger.waiting)
         taken = ledger.layers
         todo = len(taken) - ledger.unwound
-        check_release(taken[todo - 1 :: -1] if todo else [], ledger.repeats)
+        if not checked:
+            check_release(taken[todo - 1 :: -1] if todo else [], ledger.repeats)
         restored = 0
-        orders = None
+        orders: dict[int, tuple[Any, list[Any]]] | None = None  # per mapping, its keys' order, put back once
         debug = log.isEnabledFor(logging.DEBUG)
         while todo:  # last taken first; an interrupt between two resumes with the rest
             todo -= 1
@@ -497,9 +505,9 @@ def release(ledger: Report) -> int:
                 else:
                     on.remove(layer)
                 if layer.order is not None:
-                    orders = [*(orders or ()), (holder, layer.order)]
-                layer.count = 0  # (as _forget: a layer gone counts no user, keeps no original)
-                layer.original = None
+                    orders = orders or {}
+                    orders[id(holder)] = (holder, layer.order)
+                _forget(layer)
                 if debug:
                     log.debug("patchreg: restored %s (%s)", stack.where, layer.patch.name)
                 if not on and type(stack.ref) is Strong:  # a mapping held strongly: let it go, keep its name
@@ -511,7 +519,7 @@ def release(ledger: Report) -> int:
             ledger.unwound += 1
         ledger.released = True
         if orders:
-            for mapping, order in orders:
+            for mapping, order in orders.values():
                 if mapping is not None:
                     reorder(mapping, order)
         return restored
@@ -587,10 +595,5 @@ def _check_uppers(layer: Layer, layers: Sequence[Layer], users: dict[Layer, int]
     for upper in layer.uppers or ():
         left = users.get(upper, upper.count)
         if left > 0 and upper.stack.ref() is not None:
-            stack = layer.stack
-            msg = (
-                f"Cannot revert patch {layer.patch.name!r} on {stack.where}: patch {upper.patch.name!r} was "
-                f"installed over it on {upper.stack.label}, which wraps it; revert that one first (reverse order "
-                "of applying). Nothing was changed."
-            )
+            msg = wrapped_over(layer.patch.name, layer.stack.where, upper.patch.name, upper.stack.label)
             raise PatchOwnershipError(msg, patch=layer.patch, target=layer.patch.target)
