@@ -35,16 +35,16 @@ import attrs
 from packaging.requirements import InvalidRequirement, Requirement
 
 from patchreg._discovery import VERSION, Found, LoadError
-from patchreg._drift import Verified, body_fingerprint_node, compare
+from patchreg._drift import Verified, body_fingerprint_node, compare, defined_at, unreadable
 from patchreg._format import WIDTH, table, wrap
 from patchreg._predicates import distributions
-from patchreg._records import Patch
+from patchreg._records import Patch, named_modules
 from patchreg._sources import Found as SourceFound
 from patchreg._sources import find, locate, reader
 from patchreg._targets import ImportPath
 from patchreg._versions import Code, Static, provider
 
-__all__ = ["CandidateError", "Verdict", "audit", "candidate", "judge", "named_paths", "touches"]
+__all__ = ["CandidateError", "Verdict", "audit", "candidate", "judge", "touches"]
 
 OK, FAILED, UNKNOWN = 0, 1, 3
 Kind = Literal["install", "not needed", "changed", "no", "unknown"]
@@ -167,22 +167,10 @@ def _metadata(root: Path) -> tuple[str | None, str | None]:
 # -- the verdicts ----------------------------------------------------------------------------------
 
 
-def named_paths(pred: Any) -> list[str]:
-    """The import paths named by ``has()`` and ``accepts()`` parts of a predicate (duck-typed walk)."""
-    path = getattr(pred, "path", None)
-    found = [path] if isinstance(path, str) else []
-    for part in (*getattr(pred, "parts", ()), getattr(pred, "part", None)):
-        if part is not None:
-            found += named_paths(part)
-    return found
-
-
 def _modules(patch: Patch) -> set[str]:
     """The modules a patch names: its target's, its predicate's paths', its requirements' and its verified body's."""
-    modules = {path.partition(":")[0] for path in named_paths(patch.when)}
+    modules = set(named_modules(patch))
     modules.update(reader(name).package for name in distributions(patch.when))
-    if isinstance(patch.where, ImportPath):
-        modules.add(patch.where.module)
     if patch.verified is not None:
         modules.update({patch.verified.path.partition(":")[0], reader(patch.verified.distribution).package})
     return modules
@@ -230,11 +218,8 @@ def _body(verified: Verified, code: Code) -> tuple[str, str]:
     named = verified.path.partition(":")[2]
     where = f"{named}, {verified.distribution} {version} in {code.label}"
     if mine.state != "found" or mine.node is None or not mine.source():
-        text = f"cannot read the upstream body of {where} ({mine.reason or 'not a def'}): review"
-        return text, "(no body in the candidate to compare)"
-    defined = mine.where.partition(":")[2]
-    if defined != named and not named.endswith(f".{defined}"):  # inherited: whose body it is (as drift() says)
-        where = f"{named}, defined as {defined}, {where.partition(', ')[2]}"
+        return unreadable(where, mine.reason or "not a def"), "(no body in the candidate to compare)"
+    where = defined_at(named, mine.where.partition(":")[2], where)
     fingerprint = body_fingerprint_node(mine.node)
     drift = compare(verified, fingerprint, version, where)
     if drift.ok:

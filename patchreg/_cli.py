@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.metadata
 import inspect
 import json
 import os
@@ -29,7 +28,7 @@ from typing import Any, TextIO
 
 import attrs
 
-from patchreg._audit import CandidateError, audit, named_paths
+from patchreg._audit import CandidateError, audit
 from patchreg._disable import ENV_DISABLE, REASON, is_disabled, is_essential, near, unmatched_text
 from patchreg._discovery import (
     ENV_PATCHSETS,
@@ -46,11 +45,10 @@ from patchreg._discovery import (
 from patchreg._drift import body_fingerprint, drift, resolve
 from patchreg._format import WIDTH, table, wrap
 from patchreg._predicates import distributions
-from patchreg._records import Patch
+from patchreg._records import Patch, named_modules
 from patchreg._registry import Registry
 from patchreg._sources import missing_package, requirement_of
-from patchreg._targets import ImportPath
-from patchreg._versions import provider
+from patchreg._versions import packages, provider
 from patchreg.exceptions import PatchError, PatchWarning
 
 __all__ = ["Diagnosis", "diagnose", "run"]
@@ -241,8 +239,7 @@ def missing_here(found: Found) -> list[str]:
     modules: set[str] = set()
     required: set[str] = set()
     for patch in found.patch_set:
-        paths = [str(patch.where)] if isinstance(patch.where, ImportPath) else []
-        modules.update(p.partition(":")[0] for p in (*paths, *named_paths(patch.when)))
+        modules.update(named_modules(patch))
         required.update(distributions(patch.when))
     modules = {m for m in modules if m.partition(".")[0] not in sys.stdlib_module_names}
     if modules:
@@ -350,22 +347,14 @@ def _would_install(patch: Patch) -> tuple[bool, str, bool]:
 def _versions(patch: Patch) -> dict[str, str]:
     """Versions of the distributions the predicate requires and of those providing the modules it names."""
     names = set(distributions(patch.when))
-    modules = [patch.where.module] if isinstance(patch.where, ImportPath) else []
-    for path in named_paths(patch.when):
-        modules.append(path.partition(":")[0])
-    for module in modules:  # no metadata (a source tree): the distribution whose package holds the module
+    for module in named_modules(patch):  # no metadata (a source tree): the distribution whose package holds it
         names.update(_owners(module.partition(".")[0]) or filter(None, [requirement_of(module)]))
     return {name: _version(name) for name in sorted(names)}
 
 
-_PACKAGES: dict[str, list[str]] = {}
-
-
 def _owners(top: str) -> list[str]:
     """The distribution providing import package ``top``, when exactly one does."""
-    if not _PACKAGES:
-        _PACKAGES.update(importlib.metadata.packages_distributions())
-    owners = sorted(set(_PACKAGES.get(top, ())))
+    owners = sorted(set(packages().get(top, ())))
     return [owners[0].lower()] if len(owners) == 1 else []
 
 

@@ -31,7 +31,6 @@ __all__ = [
     "names",
     "near",
     "off",
-    "read",
     "unmatched",
     "unmatched_text",
 ]
@@ -46,11 +45,6 @@ _ESSENTIAL: dict[int, Patch] = {}  # by identity: the patches a set cannot run w
 _NONE: frozenset[int] = frozenset()
 _checked: set[str] = set()  # the sets whose names in the variable were checked, since it was last read
 _checked_in = [REFRESHES[0]]  # the refresh generation of _checked (a refresh() reads the variable again)
-
-
-def read(environ: Mapping[str, str] | None = None) -> frozenset[str]:
-    """The names in ``PATCHREG_DISABLE`` (of ``environ``, default ``os.environ``), stripped, empty ones dropped."""
-    return disabled_names(os.environ if environ is None else environ)
 
 
 def names() -> frozenset[str]:

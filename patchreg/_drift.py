@@ -36,8 +36,10 @@ __all__ = [
     "body_fingerprint_node",
     "body_fingerprint_source",
     "compare",
+    "defined_at",
     "drift",
     "resolve",
+    "unreadable",
 ]
 
 State = Literal["verified", "changed", "unverified", "unreadable"]
@@ -189,11 +191,21 @@ def drift(verified: Verified, patch: Any = None) -> Drift:
         upstream = _upstream(verified, patch)
         found = body_fingerprint(upstream)
     except Exception as exc:  # absent, or no source to read: nothing to compare, say so
-        return Drift("unreadable", f"cannot read the upstream body of {where} ({type(exc).__name__}: {exc}): review")
+        return Drift("unreadable", unreadable(where, f"{type(exc).__name__}: {exc}"))
     defined = getattr(upstream, "__qualname__", None)
-    if isinstance(defined, str) and defined != named and not named.endswith(f".{defined}"):
-        where = f"{named}, defined as {defined}, {where.partition(', ')[2]}"  # inherited: whose body it is
-    return compare(verified, found, version, where)
+    return compare(verified, found, version, defined_at(named, defined, where) if isinstance(defined, str) else where)
+
+
+def unreadable(where: str, why: str) -> str:
+    """The drift sentence for a body that cannot be read at ``where``."""
+    return f"cannot read the upstream body of {where} ({why}): review"
+
+
+def defined_at(named: str, defined: str, where: str) -> str:
+    """``where`` (``"<named>, <release>..."``), naming the class that defines the body where ``named`` inherits it."""
+    if defined != named and not named.endswith(f".{defined}"):
+        return f"{named}, defined as {defined}, {where.partition(', ')[2]}"
+    return where
 
 
 def compare(verified: Verified, found: str, version: str, where: str) -> Drift:

@@ -18,7 +18,18 @@ from patchreg._predicates import Predicate, always
 from patchreg._targets import ImportPath, Selector, identity, parse_target
 from patchreg.exceptions import PatchDefinitionError
 
-__all__ = ["ABSENT", "INSTALL_ORDER", "Backup", "Installed", "Patch", "PatchSet", "Target", "patches_of"]
+__all__ = [
+    "ABSENT",
+    "INSTALL_ORDER",
+    "Backup",
+    "Installed",
+    "Patch",
+    "PatchSet",
+    "Target",
+    "named_modules",
+    "named_paths",
+    "patches_of",
+]
 
 #: the key that sorts installs (layers) in the order they were made, across registries
 INSTALL_ORDER = operator.attrgetter("seq")
@@ -400,3 +411,20 @@ def patches_of(target: object) -> tuple[str, tuple[Patch, ...]]:
             return "patches", PatchSet("patches", items).patches  # the same checks as a set (unique names)
     msg = f"Expected a Patch or a PatchSet, got {target!r}; build one with Patch(...) or PatchSet(name, patches)."
     raise PatchDefinitionError(msg)
+
+
+def named_paths(pred: Any) -> list[str]:
+    """The import paths named by ``has()`` and ``accepts()`` parts of a predicate (duck-typed walk: a user's own
+    predicate with ``path`` and ``parts`` / ``part`` counts too)."""
+    path = getattr(pred, "path", None)
+    found = [path] if isinstance(path, str) else []
+    for part in (*getattr(pred, "parts", ()), getattr(pred, "part", None)):
+        if part is not None:
+            found += named_paths(part)
+    return found
+
+
+def named_modules(patch: Patch) -> list[str]:
+    """The modules a patch names: its target's (an import path) and those of the paths its predicate names."""
+    modules = [patch.where.module] if isinstance(patch.where, ImportPath) else []
+    return modules + [path.partition(":")[0] for path in named_paths(patch.when)]

@@ -33,6 +33,7 @@ from typing import Literal, NamedTuple
 from packaging.utils import canonicalize_name
 
 __all__ = [
+    "import_name",
     "PACKAGE",
     "READERS",
     "Found",
@@ -86,10 +87,14 @@ def forget() -> None:
     _PARSED.clear()
 
 
+def import_name(name: str) -> str:
+    """The import package named like requirement name ``name`` (``typing-extensions``: ``typing_extensions``)."""
+    return canonicalize_name(name).replace("-", "_")
+
+
 def reader(name: str) -> Reader:
     """The reader for requirement name ``name``: its :data:`READERS` entry, else its own name's package, generically."""
-    key = canonicalize_name(name)
-    return READERS.get(key) or Reader(key.replace("-", "_"), _GENERIC_FILES)
+    return READERS.get(canonicalize_name(name)) or Reader(import_name(name), _GENERIC_FILES)
 
 
 def requirement_of(module: str) -> str | None:
@@ -478,10 +483,7 @@ def ours() -> Path:
 def _where() -> list[Path] | None:
     """The paths the name ``patches`` resolves to now (a package's folders, or a module's file); None: not found."""
     module = sys.modules.get(PACKAGE)
-    try:
-        spec = module.__spec__ if module is not None else importlib.util.find_spec(PACKAGE)
-    except (ImportError, ValueError):  # a module without a spec, or a finder that raises
-        spec = None
+    spec = module.__spec__ if module is not None else _top_spec(PACKAGE, None)
     if module is not None and spec is None:
         found = [*getattr(module, "__path__", ()), getattr(module, "__file__", None)]
     elif spec is not None:

@@ -22,9 +22,9 @@ from typing import NamedTuple
 import attrs
 from packaging.utils import canonicalize_name
 
-from patchreg._sources import Found, find, locate, read_version, reader
+from patchreg._sources import Found, find, import_name, locate, read_version, reader
 
-__all__ = ["Code", "Provider", "Static", "clear", "provider"]
+__all__ = ["Code", "Provider", "Static", "clear", "packages", "provider"]
 
 
 @attrs.frozen
@@ -68,7 +68,7 @@ class Provider:
     def _missing(self) -> str:
         if self.candidates:
             return (
-                f"{self.name} is not installed, and the import package {_import_name(self.name)} comes from "
+                f"{self.name} is not installed, and the import package {import_name(self.name)} comes from "
                 f"{', '.join(self.candidates)}; require one of those by name"
             )
         if self.source is not None:
@@ -89,13 +89,23 @@ class Provider:
 
 
 _PROVIDERS: dict[str, Provider] = {}
-_PACKAGES: dict[str, list[str]] = {}
+_PACKAGES: dict[str, list[str]] = {}  # packages_distributions(), as it answers
+_LOWER: dict[str, list[str]] = {}  # the same, by lower-case import package
 
 
 def clear() -> None:
     """Forget the cached answers (``patchreg.refresh()`` calls this)."""
     _PROVIDERS.clear()
     _PACKAGES.clear()
+    _LOWER.clear()
+
+
+def packages() -> dict[str, list[str]]:
+    """The distributions providing each top-level import package (``packages_distributions()``: every installed
+    RECORD is read, which takes seconds), read once until refresh()."""
+    if not _PACKAGES:
+        _PACKAGES.update(importlib.metadata.packages_distributions())
+    return _PACKAGES
 
 
 def provider(name: str) -> Provider:
@@ -104,10 +114,6 @@ def provider(name: str) -> Provider:
     if cached is None:
         cached = _PROVIDERS[name] = _imported(*_installed(name))
     return cached
-
-
-def _import_name(name: str) -> str:
-    return canonicalize_name(name).replace("-", "_")
 
 
 def _installed(name: str) -> tuple[Provider, importlib.metadata.Distribution | None]:
@@ -133,9 +139,9 @@ def _in_bare_tree(name: str) -> bool:
 
 def _provider_of_package(name: str) -> tuple[Provider, importlib.metadata.Distribution | None]:
     """The one distribution whose files hold the top-level import package named like ``name``."""
-    if not _PACKAGES:
-        _PACKAGES.update((k.lower(), v) for k, v in importlib.metadata.packages_distributions().items())
-    owners = sorted({canonicalize_name(d) for d in _PACKAGES.get(_import_name(name), ())})
+    if not _LOWER:
+        _LOWER.update((k.lower(), v) for k, v in packages().items())
+    owners = sorted({canonicalize_name(d) for d in _LOWER.get(import_name(name), ())})
     if len(owners) != 1:
         return Provider(name, None, None, tuple(owners)), None
     try:
