@@ -198,6 +198,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("dest", type=Path)
     p.add_argument("--metadata", action="store_true", help="keep a wheel's .dist-info")
     sub.add_parser("upstream", help="print the folder that holds both Megatron-LM snapshots (exit 1: none does)")
+    p = sub.add_parser("snapshot", help="print the Megatron-LM snapshot archive of a branch (exit 1: none)")
+    p.add_argument("branch", choices=("main", "dev"))
     p = sub.add_parser("wheel", help="download a wheel once into a cache directory; prints its path")
     p.add_argument("requirement")
     p.add_argument("--cache", type=Path, default=REPO / ".cache" / "wheels")
@@ -206,9 +208,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(venv_without(args.without, args.dest.resolve()))
     elif args.command == "unpack":
         print(unpack(args.archive, args.dest.resolve(), metadata=args.metadata))
-    elif args.command == "upstream":
-        found = upstream()
+    elif args.command in ("upstream", "snapshot"):
+        found = upstream() if args.command == "upstream" else snapshot(args.branch)
         if found is None:
+            places = ", ".join(str(p) for p in PLACES)
+            print(f"no Megatron-LM snapshots (megatron-lm-main-*.tar.gz and megatron-lm-dev-*.tar.gz) in {places}; "
+                  "set PATCHREG_UPSTREAM_DIR to the folder that holds them", file=sys.stderr)  # fmt: skip
             return 1
         print(found.resolve())
     else:

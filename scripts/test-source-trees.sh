@@ -29,12 +29,8 @@ mkdir -p "$WORK" "$OUT"
 say() { printf '%s\n' "$*" >&2; }
 
 upstream_dir() {  # the first of the places that holds both Megatron-LM snapshots (scripts/source_tree.py's PLACES)
-    if "$PY" "$ROOT/scripts/source_tree.py" upstream; then
-        return 0
-    fi
-    say "test-source-trees: no Megatron-LM snapshots (megatron-lm-main-*.tar.gz and megatron-lm-dev-*.tar.gz) in"
-    say "  \$PATCHREG_UPSTREAM_DIR (${PATCHREG_UPSTREAM_DIR:-unset}), $ROOT/../shared/upstream or /work/shared/upstream;"
-    say "  set PATCHREG_UPSTREAM_DIR to the folder that holds them. The lane does not skip a tree."
+    "$PY" "$ROOT/scripts/source_tree.py" upstream && return 0
+    say "test-source-trees: the lane does not skip a tree."
     return 1
 }
 
@@ -43,7 +39,7 @@ tree_dir() {  # unpack a tree once: .cache/source-trees/<name> (a snapshot, or a
     if [ ! -f "$dir/.complete" ]; then
         rm -rf "$dir"
         case "$name" in
-            main | dev) archive=$(ls "$UPSTREAM"/megatron-lm-"$name"-*.tar.gz | tail -n 1) ;;
+            main | dev) archive=$("$PY" scripts/source_tree.py snapshot "$name") || return 1 ;;
             *) archive=$("$PY" scripts/source_tree.py wheel "megatron-core==$name" --cache "$ROOT/.cache/wheels") || return 1 ;;
         esac
         "$PY" scripts/source_tree.py unpack "$archive" "$dir" >/dev/null && touch "$dir/.complete" || return 1

@@ -134,10 +134,11 @@ _identity = object.__hash__
 last_losses = LastLosses()
 
 
-def mtp_cp_group(model: Any, packed_seq_params: Any) -> Any:
-    """The CP group the MTP rolls of one microbatch use: the pack's own (dynamic CP, dev), else the model's."""
+def mtp_cp_group(packed_seq_params: Any, model_cp: Any) -> Any:
+    """The CP group the MTP rolls of one microbatch use: the pack's own (dynamic CP, dev), else the model's
+    (``model_cp``, from :func:`process_groups`)."""
     found = getattr(packed_seq_params, "cp_group", None) if packed_seq_params is not None else None
-    return found if found is not None else process_groups(model)[0]
+    return found if found is not None else model_cp
 
 
 def process_groups(model: Any) -> tuple[Any, Any]:
@@ -290,7 +291,8 @@ def attach_mtp_loss(
 
     cfg = model.config
     packed, gather = args.get("packed_seq_params"), args.get("runtime_gather_output")
-    cp_group, tp_group = mtp_cp_group(model, packed), process_groups(model)[1]
+    model_cp, tp_group = process_groups(model)
+    cp_group = mtp_cp_group(packed, model_cp)
     labels, mask = args["labels"], args.get("loss_mask")
     derived = labels is None  # upstream's RL mode (the callers ask rl_mode() first)
     if derived:

@@ -15,7 +15,7 @@ from typing import Any
 from patches.megatron._compat import GPT, mcore_version
 from patches.megatron.errors import UnsupportedModelError
 
-__all__ = ["GPT_FAMILY", "HYBRID", "HYBRID_FAMILY", "MAMBA", "known_family", "language_models", "model_family"]
+__all__ = ["GPT_FAMILY", "HYBRID", "HYBRID_FAMILY", "MAMBA", "language_models", "model_family"]
 
 HYBRID = "megatron.core.models.hybrid.hybrid_model"
 MAMBA = "megatron.core.models.mamba.mamba_model"
@@ -70,11 +70,6 @@ def _walk(chunk: Any, classes: list[tuple[type, str]]) -> tuple[Any, str | None,
             return obj, family, chain
         obj = next((inner for inner in (getattr(obj, u, None) for u in _UNWRAP) if inner is not None), None)
     return None, None, chain
-
-
-def known_family(model: Any) -> str | None:
-    """The family of a bare model whose exact class :func:`language_models` met before, else None."""
-    return _BY_TYPE.get(type(model))
 
 
 def model_family(models: list[Any]) -> str:

@@ -28,7 +28,16 @@ from typing import Any
 
 from patches.megatron._compat import GPT, MTP, absent, binder, mcore_version, refusal, upstream
 from patches.megatron._hybrid import Call, call_in_block, run_in_block
-from patches.megatron._loss import RL_MODE, Deferred, last_losses, masked_means, mtp_cp_group, rolls, unmet_calls
+from patches.megatron._loss import (
+    RL_MODE,
+    Deferred,
+    last_losses,
+    masked_means,
+    mtp_cp_group,
+    process_groups,
+    rolls,
+    unmet_calls,
+)
 from patches.megatron._models import HYBRID
 from patches.megatron._postprocess import in_inference
 from patches.megatron._verified import GPT_MTP_LOSS_BODY, HYBRID_MTP_LOSS_BODY
@@ -219,7 +228,7 @@ def rl_mode_mtp_loss(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs:
 
     packed, context = kwargs.get("packed_seq_params"), kwargs.get("sequence_roll_context")
     cp_group = kwargs.get("cp_group")  # the group upstream's own rolls use (0.17+ pass it)
-    cp_group = mtp_cp_group(model, packed) if cp_group is None else cp_group
+    cp_group = mtp_cp_group(packed, process_groups(model)[0]) if cp_group is None else cp_group
     rolled = labels is None
     if rolled:  # the user's own RL mode: the labels from input_ids, the mask aligned with them
         label_mask = rolls((torch.ones_like(ids) if mask is None else mask,), cp_group, packed, context, _MASK)[0]

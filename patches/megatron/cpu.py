@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import patchreg
@@ -242,14 +242,26 @@ def _rope_forward(self: Any, max_seq_len: int, offset: int = 0, packed_seq: bool
     return emb
 
 
-def _no_get_emb() -> tuple[bool, str]:
-    """Whether ``RotaryEmbedding`` lacks ``get_emb`` (0.13-0.15: ``forward`` moves to CUDA inline, rope_forward_on_cpu)."""
-    missing = absent("megatron.core")
-    if missing:
-        return False, missing
-    if has(f"{_ROTARY}.get_emb").evaluate().ok:
-        return False, "RotaryEmbedding.get_emb moves inv_freq to CUDA (0.16+)"
-    return True, "RotaryEmbedding has no get_emb before 0.16; forward moves inv_freq itself (rope_forward_on_cpu)"
+def _lacks(path: str, there: str, not_there: str) -> Callable[[], tuple[bool, str]]:
+    """A ``not_needed_when`` check: True (not needed) where the installed megatron-core has no ``path`` (why:
+    ``not_there``); False where it has it (``there``), and where no megatron-core is installed, which the patch's own
+    ``has()`` then answers (no release to judge: not "not needed")."""
+
+    def lacks() -> tuple[bool, str]:
+        missing = absent("megatron.core")
+        if missing:
+            return False, missing
+        return (False, there) if has(path).evaluate().ok else (True, not_there)
+
+    return lacks
+
+
+# RotaryEmbedding lacks get_emb on 0.13-0.15: forward moves to CUDA inline (rope_forward_on_cpu)
+_no_get_emb = _lacks(
+    f"{_ROTARY}.get_emb",
+    "RotaryEmbedding.get_emb moves inv_freq to CUDA (0.16+)",
+    "RotaryEmbedding has no get_emb before 0.16; forward moves inv_freq itself (rope_forward_on_cpu)",
+)
 
 
 def _rope_on_cpu_init(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -305,20 +317,13 @@ def _tracker_keys(keys: tuple[str, ...], bound: dict[str, Any]) -> tuple[str, ..
     return ("loss_sums", "num_tokens") if bound.get("calculate_per_token_loss") else ("loss_sums",)
 
 
-def _no_packed_acceptance() -> tuple[bool, str]:
-    """Before dev the acceptance counts are allocated by ``save_metrics_to_tracker`` (``mtp_metrics_device``)."""
-    missing = absent("megatron.core")
-    if missing:  # no release to judge: the patch's has() answers no, not "not needed"
-        return False, missing
-    if has(f"{_HELPER}._save_acceptance_counts").evaluate().ok:
-        return (
-            False,
-            "MTPLossLoggingHelper._save_acceptance_counts allocates packed acceptance counters with CUDA (dev)",
-        )
-    return True, (
-        "MTPLossLoggingHelper has no _save_acceptance_counts on this release: save_metrics_to_tracker allocates the "
-        "acceptance counts (mtp_metrics_device), or none are logged"
-    )
+# before dev the acceptance counts are allocated by save_metrics_to_tracker (mtp_metrics_device)
+_no_packed_acceptance = _lacks(
+    f"{_HELPER}._save_acceptance_counts",
+    "MTPLossLoggingHelper._save_acceptance_counts allocates packed acceptance counters with CUDA (dev)",
+    "MTPLossLoggingHelper has no _save_acceptance_counts on this release: save_metrics_to_tracker allocates the "
+    "acceptance counts (mtp_metrics_device), or none are logged",
+)
 
 
 def _seed_acceptance(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -382,14 +387,12 @@ def _is_inference_linear(module_: Any) -> bool:
     return bool(classes) and isinstance(module_, classes)
 
 
-def _no_inference_linear_check() -> tuple[bool, str]:
-    """Before main (0.20) the MTP module asks no ``is_inference_column_parallel_linear``: nothing to shim."""
-    missing = absent("megatron.core")
-    if missing:  # no release to judge: the patch's has() answers no, not "not needed"
-        return False, missing
-    if has(f"{MTP}:is_inference_column_parallel_linear").evaluate().ok:
-        return False, "MultiTokenPredictionLayer.__init__ calls is_inference_column_parallel_linear (main, 0.20)"
-    return True, "the MTP module calls no is_inference_column_parallel_linear on this release (it came after 0.19.2)"
+# before main (0.20) the MTP module asks no is_inference_column_parallel_linear: nothing to shim
+_no_inference_linear_check = _lacks(
+    f"{MTP}:is_inference_column_parallel_linear",
+    "MultiTokenPredictionLayer.__init__ calls is_inference_column_parallel_linear (main, 0.20)",
+    "the MTP module calls no is_inference_column_parallel_linear on this release (it came after 0.19.2)",
+)
 
 
 def _inference_linears_are_classes() -> tuple[bool, str]:
@@ -397,11 +400,11 @@ def _inference_linears_are_classes() -> tuple[bool, str]:
     missing = absent("megatron.core")
     if missing:
         return False, missing
+    if len(_inference_linear_classes()) == len(_INFERENCE_LINEARS):
+        return True, "inference_layers' column-parallel linears are classes (Transformer Engine is installed)"
     found = vars(module(_INFERENCE))
     stand_ins = [f"{name} is a {type(found.get(name)).__name__}" for name in _INFERENCE_LINEARS
                  if not isinstance(found.get(name), type)]  # fmt: skip
-    if not stand_ins:
-        return True, "inference_layers' column-parallel linears are classes (Transformer Engine is installed)"
     return False, (
         f"inference_layers.{', '.join(stand_ins)} (no Transformer Engine): is_inference_column_parallel_linear "
         "raises TypeError in MultiTokenPredictionLayer.__init__"

@@ -397,7 +397,10 @@ _LOGGED_NO_MTP: list[bool] = []  # the no-MTP note is logged once per process
 
 def _has_mtp(models: Sequence[Any]) -> bool:
     """Whether any of ``models`` holds an MTP block (nn.Modules: read from ``_modules``, no ``__getattr__``)."""
-    return any(model._modules.get("mtp") is not None for model in models)
+    for model in models:  # noqa: SIM110 (a loop: it runs at every enter, where a generator costs a frame)
+        if model._modules.get("mtp") is not None:
+            return True
+    return False
 
 
 def _no_mtp_text(model_class: str) -> str:

@@ -165,11 +165,7 @@ def _start(worker: Any, keep_shared: Any = None) -> None:
     from patches.vllm import drafter
 
     ledger = drafter._ledger(worker)
-    shared: set[str] = set()
-    if keep_shared is not None:
-        draft = drafter._draft_of(worker)
-        ids = {id(p) for _, p in keep_shared.named_parameters(remove_duplicate=False)}
-        shared = {n for n, p in draft.named_parameters() if id(p) in ids}
+    shared = set() if keep_shared is None else drafter._shared_written(keep_shared, drafter._draft_of(worker), None)
     with ledger.lock:
         drafter._begin_target_sync(ledger)
         ledger.written, ledger.failed = ledger.written & shared, "target"
