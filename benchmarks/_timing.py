@@ -6,12 +6,14 @@ a noisy neighbour slows all of them alike; ratios are the median of the per-repe
 
 from __future__ import annotations
 
+import collections
 import gc
 import statistics
 import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 #: A variant runs its operation ``n`` times in its own loop.
@@ -103,10 +105,10 @@ def compare(
     return Comparison({n: Stats.of(v) for n, v in samples.items()}, samples)
 
 
-def instructions(op: Callable[[], object]) -> int | None:
+def instructions(op: Callable[[], object], per_function: collections.Counter[str] | None = None) -> int | None:
     """How many bytecode instructions one call of ``op`` executes beyond a call of an empty function, every
     frame included (``sys.monitoring``, Python 3.12+): a count no noise changes, and what a cycle pays
-    per instruction when caches are cold.
+    per instruction when caches are cold. ``per_function``: also counted per function (``"qualname (file)"``).
 
     None where ``sys.monitoring`` is missing or its tool slot is taken (a debugger, coverage).
     """
@@ -119,7 +121,7 @@ def instructions(op: Callable[[], object]) -> int | None:
     except ValueError:
         return None
     try:
-        return _count(monitoring, tool, op) - _count(monitoring, tool, _nothing)
+        return _count(monitoring, tool, op, per_function) - _count(monitoring, tool, _nothing)
     finally:
         monitoring.free_tool_id(tool)
 
@@ -128,11 +130,13 @@ def _nothing() -> None:
     return None
 
 
-def _count(monitoring: Any, tool: int, op: Callable[[], object]) -> int:
+def _count(monitoring: Any, tool: int, op: Callable[[], object], per: collections.Counter[str] | None = None) -> int:
     count = [0]
 
-    def seen(_code: object, _offset: int) -> None:
+    def seen(code: Any, _offset: int) -> None:
         count[0] += 1
+        if per is not None and code.co_filename != __file__:  # (this module's own frames: the empty call's share)
+            per[f"{code.co_qualname} ({Path(code.co_filename).name})"] += 1
 
     op()  # once uncounted: caches, plans and specialisations settle as in the timed loops
     monitoring.register_callback(tool, monitoring.events.INSTRUCTION, seen)

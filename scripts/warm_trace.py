@@ -53,25 +53,12 @@ def trace(model: Any, label: str) -> None:
     print("    warm, in order:", " ".join(f for _m, f in warm))
 
 
-def bytecodes(op: Any, rounds: int = 10) -> tuple[int, list[tuple[str, int]]]:
-    """Bytecode instructions one call of ``op`` executes, and per function (most first)."""
-    mon = sys.monitoring
-    tool = 3
-    counts: collections.Counter[str] = collections.Counter()
+def bytecodes(op: Any) -> tuple[int, list[tuple[str, int]]]:
+    """Bytecode instructions one call of ``op`` executes, and per function (most first): the bench's count."""
+    from benchmarks._timing import instructions
 
-    def seen(code: Any, offset: int) -> None:
-        counts[f"{code.co_qualname} ({Path(code.co_filename).name})"] += 1
-
-    mon.use_tool_id(tool, "warm_trace")
-    try:
-        mon.register_callback(tool, mon.events.INSTRUCTION, seen)
-        mon.set_events(tool, mon.events.INSTRUCTION)
-        for _ in range(rounds):
-            op()
-        mon.set_events(tool, 0)
-    finally:
-        mon.free_tool_id(tool)
-    return sum(counts.values()) // rounds, [(k, v // rounds) for k, v in counts.most_common()]
+    per: collections.Counter[str] = collections.Counter()
+    return instructions(op, per) or 0, per.most_common()
 
 
 def where_it_goes(model: Any, label: str) -> None:
