@@ -244,7 +244,7 @@ def _lock_note(cmp: Comparison, after: Comparison, ours_name: str) -> str:
     ]
     return (
         f"The lock row is what thread safety costs at least: {shares[0]}, {shares[1]}. "
-        "Every apply and every revert takes the store's one lock (a block entered on two threads, or two "
+        "Every apply and every revert takes the engine's one lock (a block entered on two threads, or two "
         "registries on one attribute, stay exact); mock, MonkeyPatch and wrapt take none, and their blocks "
         "on one attribute that two threads exit out of order leave one replacement installed for good."
     )

@@ -418,7 +418,7 @@ def _walks_modules(value: Any, by_values: bool, elements: list[Any]) -> bool:
 
 
 def _traced_select(items: list[Any], index: str, walks: list[tuple[Any, ...]]) -> list[Any] | None:
-    """:func:`_select` over weakly referenceable containers and elements, recording each walk.
+    """:func:`~patchreg._targets._select` over weakly referenceable containers and elements, recording each walk.
 
     Each container is iterated once: the elements selected are the ones its guard recorded.
     """

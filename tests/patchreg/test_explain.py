@@ -1,4 +1,4 @@
-"""Introspection (patchreg._explain): explain, active, summary and fingerprint read the store and change nothing."""
+"""Introspection (patchreg._explain): explain, active, summary and fingerprint read the state and change nothing."""
 
 from __future__ import annotations
 

@@ -161,7 +161,7 @@ def test_entries_say_since_when_in_seconds_of_the_clock(patch_registry: Registry
     plan's, and ``summary()`` counts from it."""
     patch = Patch("own", "method", plain("patched"))
     obj = sample.Child()
-    for _ in range(3):  # the first apply resolves, the second makes a plan, the third is planned
+    for _ in range(3):  # the first apply resolves and keeps its plan, the later ones run it
         before = time.time()
         with patch_registry.patched(patch, obj) as report:
             after = time.time()

@@ -892,7 +892,7 @@ def test_strict_refuses_only_skips_that_matter(
     missing = Patch("missing", "forward", plain("z"), when=check(lambda: (False, "no accelerator"), "accelerator"))
     leaf = sample.Leaf()
     fine = PatchSet("fine", [fixed, wanted])
-    for _ in range(2 if planned else 1):  # the second apply of a set on an object runs its plan
+    for _ in range(2 if planned else 1):  # a later apply of a set on an object runs the plan its first kept
         with patch_registry.patched(fine, leaf, strict=True) as report:
             assert [name for name, _reason in report.skipped] == ["fixed"]
         patch_registry.revert(patch_registry.apply(fine, leaf, warn=True))

@@ -112,14 +112,14 @@ def test_fork_child_applies_without_touching_parent(patch_registry: Registry, pr
 @needs_fork
 def test_fork_while_another_thread_holds_the_lock(patch_registry: Registry, pristine: Callable[[], None]) -> None:
     """A fork while another thread is inside the registry gives a child whose registry still works (no deadlock)."""
-    from patchreg import _state as _store
+    from patchreg import _state
 
     leaf = targets.Leaf()  # held: the registry keeps only weak references, a dropped leaf may be collected
     report = patch_registry.apply(_set(), leaf)
     inside, done = threading.Event(), threading.Event()
 
     def busy() -> None:
-        with _store.LOCK:  # stands for another thread in the middle of apply/revert
+        with _state.LOCK:  # stands for another thread in the middle of apply/revert
             inside.set()
             done.wait(0.5)
 
